@@ -1,0 +1,1 @@
+"""Comparison models: rating predictors and dense imputers."""
