@@ -1,0 +1,151 @@
+"""Rows in, one model path: sparse CSR ratings and dense NaN tables become the same `RowBatch`.
+
+A `RowSource` validates its input once and cuts batches of rows. A batch carries the row values with
+zeros at missing entries, the mask (1 = observed) and the coordinates of the observed entries, so the
+set encoder can work with segment sums whose cost grows with the number of observed entries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+
+@dataclass
+class RowBatch:
+    """A batch of B rows over p features.
+
+    values: (B, p) observed values, 0 where missing; mask: (B, p) float, 1 = observed;
+    obs_row / obs_col / obs_value: (nnz,) coordinates and values of the observed entries.
+    """
+
+    values: torch.Tensor
+    mask: torch.Tensor
+    obs_row: torch.Tensor
+    obs_col: torch.Tensor
+    obs_value: torch.Tensor
+
+    @property
+    def n_rows(self) -> int:
+        return self.values.shape[0]
+
+    @property
+    def n_features(self) -> int:
+        return self.values.shape[1]
+
+    def to(self, device: torch.device | str) -> "RowBatch":
+        return RowBatch(*(t.to(device) for t in (self.values, self.mask, self.obs_row, self.obs_col, self.obs_value)))
+
+
+def _batch_from_coordinates(n_rows: int, n_features: int, rows: np.ndarray, cols: np.ndarray,
+                            vals: np.ndarray) -> RowBatch:
+    values = np.zeros((n_rows, n_features), dtype=np.float32)
+    mask = np.zeros((n_rows, n_features), dtype=np.float32)
+    values[rows, cols] = vals
+    mask[rows, cols] = 1.0
+    return RowBatch(
+        values=torch.from_numpy(values),
+        mask=torch.from_numpy(mask),
+        obs_row=torch.from_numpy(rows.astype(np.int64)),
+        obs_col=torch.from_numpy(cols.astype(np.int64)),
+        obs_value=torch.from_numpy(vals.astype(np.float32)),
+    )
+
+
+class RowSource:
+    """Validated rows that can be cut into batches; build one with :func:`as_rows`."""
+
+    n_rows: int
+    n_features: int
+
+    def batch(self, index: np.ndarray) -> RowBatch:
+        raise NotImplementedError
+
+    def observed_values(self) -> np.ndarray:
+        """All observed values (for range checks and initialisation)."""
+        raise NotImplementedError
+
+    def observed_fraction(self) -> np.ndarray:
+        """Per-feature fraction of rows where the feature is observed, shape (p,)."""
+        raise NotImplementedError
+
+
+class CSRRows(RowSource):
+    """Sparse rows: the stored entries of a CSR matrix are the observed ones."""
+
+    def __init__(self, matrix: sp.csr_matrix):
+        self.matrix = matrix
+        self.n_rows, self.n_features = matrix.shape
+
+    def batch(self, index: np.ndarray) -> RowBatch:
+        sub = self.matrix[np.asarray(index)]
+        rows = np.repeat(np.arange(sub.shape[0]), np.diff(sub.indptr))
+        return _batch_from_coordinates(sub.shape[0], self.n_features, rows, sub.indices, sub.data)
+
+    def observed_values(self) -> np.ndarray:
+        return self.matrix.data
+
+    def observed_fraction(self) -> np.ndarray:
+        return np.bincount(self.matrix.indices, minlength=self.n_features) / max(self.n_rows, 1)
+
+
+class DenseRows(RowSource):
+    """Dense rows: NaN marks a missing entry."""
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+        self.observed = ~np.isnan(array)
+        self.n_rows, self.n_features = array.shape
+
+    def batch(self, index: np.ndarray) -> RowBatch:
+        sub = self.array[np.asarray(index)]
+        rows, cols = np.nonzero(~np.isnan(sub))
+        return _batch_from_coordinates(sub.shape[0], self.n_features, rows, cols, sub[rows, cols])
+
+    def observed_values(self) -> np.ndarray:
+        return self.array[self.observed]
+
+    def observed_fraction(self) -> np.ndarray:
+        return self.observed.mean(axis=0)
+
+
+def _check_csr(matrix: sp.spmatrix) -> sp.csr_matrix:
+    csr = sp.csr_matrix(matrix, dtype=np.float32, copy=True)
+    csr.sort_indices()
+    row_of = np.repeat(np.arange(csr.shape[0]), np.diff(csr.indptr))
+    same = np.flatnonzero((np.diff(csr.indices) == 0) & (np.diff(row_of) == 0))
+    if same.size:
+        k = same[0]
+        raise ValueError(f"CSR matrix has duplicate entries, first at row {row_of[k]}, column {csr.indices[k]}: "
+                         "sum or drop them before passing the ratings")
+    bad = np.flatnonzero(~np.isfinite(csr.data))
+    if bad.size:
+        k = bad[0]
+        raise ValueError(f"observed values must be finite: entry (row {row_of[k]}, column {csr.indices[k]}) "
+                         f"is {csr.data[k]}")
+    zeros = np.flatnonzero(csr.data == 0)
+    if zeros.size:
+        k = zeros[0]
+        raise ValueError(f"CSR matrix stores an explicit zero at (row {row_of[k]}, column {csr.indices[k]}): stored "
+                         "entries are the observed ones, so a zero cannot mean 'missing'; call eliminate_zeros() "
+                         "if that is what it means, or shift the rating scale")
+    return csr
+
+
+def as_rows(data: "np.ndarray | sp.spmatrix | RowSource") -> RowSource:
+    """Validate rows given as a CSR matrix (stored = observed) or a dense array (NaN = missing)."""
+    if isinstance(data, RowSource):
+        return data
+    if sp.issparse(data):
+        return CSRRows(_check_csr(data))
+    array = np.asarray(data, dtype=np.float32)
+    if array.ndim != 2:
+        raise ValueError(f"rows must be a 2-d array (rows x features), got shape {array.shape}")
+    inf = np.argwhere(np.isinf(array))
+    if inf.size:
+        r, c = inf[0]
+        raise ValueError(f"observed values must be finite: entry (row {r}, column {c}) is {array[r, c]}")
+    return DenseRows(array)

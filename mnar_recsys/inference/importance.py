@@ -1,0 +1,270 @@
+"""Self-normalised importance sampling with a trained (not-)MIWAE: imputation and likelihoods.
+
+Rows are processed in chunks and the K samples of a chunk in sub-chunks, with a streaming logsumexp,
+so K = 10,000 samples over a thousand features stay within a fixed memory budget.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from mnar_recsys.data.rows import RowBatch, RowSource
+from mnar_recsys.models.decoders import Params
+from mnar_recsys.models.notmiwae import NotMIWAE
+from mnar_recsys.training.trainer import prepare_rows
+
+METHODS = ("mean", "median", "multiple")
+
+
+@dataclass
+class ImportanceConfig:
+    """n_samples: K; row_chunk: rows per pass; chunk_entries: size of one (rows x samples x features)
+    tensor, which sets the samples per sub-chunk; seed: seeds the draws; n_imputations: draws per entry
+    for multiple imputation; device: where to compute; progress: show a tqdm bar."""
+
+    n_samples: int = 10_000
+    row_chunk: int = 64
+    chunk_entries: int = 2 ** 21
+    seed: int = 0
+    n_imputations: int = 5
+    device: str = "cpu"
+    progress: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("n_samples", "row_chunk", "chunk_entries", "n_imputations"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+
+
+@dataclass
+class Imputation:
+    """Imputed values of the requested (row, column) targets.
+
+    mean / median: (n_targets,) or None; draws: (n_imputations, n_targets) or None;
+    ess: effective sample size of the importance weights per row, (n_rows,).
+    """
+
+    rows: np.ndarray
+    cols: np.ndarray
+    mean: np.ndarray | None
+    median: np.ndarray | None
+    draws: np.ndarray | None
+    ess: np.ndarray
+
+
+def _gather_targets(params: Params, cols: torch.Tensor) -> Params:
+    """Pick target columns (B, T) out of decoder parameters (B, K, p, ...) -> (B, K, T, ...)."""
+    out = []
+    for t in params:
+        index = cols[:, None, :].expand(t.shape[0], t.shape[1], cols.shape[1])
+        if t.dim() == 4:
+            index = index[..., None].expand(-1, -1, -1, t.shape[3])
+        out.append(t.gather(2, index))
+    return tuple(out)
+
+
+def _conditional_mean(model: NotMIWAE, params: Params, cols: torch.Tensor, observed: torch.Tensor) -> torch.Tensor:
+    """E[x_j | z_k, s_j] for target entries, (B, K, T).
+
+    With the integrated missing factor this is the decoder's distribution tilted by Pr(s_j | x_j) on the
+    same quadrature nodes, the exact per-feature posterior given z_k; otherwise the decoder mean
+    (Rao-Blackwellised as in the paper, the weights carrying the sampled x_m).
+    """
+    if model.missing_factor != "integrated" or model.missing_model.is_mcar:
+        return model.decoder.mean(params)
+    nodes, log_w = model.decoder.quadrature(params)
+    logits = model.missing_model.feature_logits(nodes, cols[:, None, :, None])
+    sign = (2 * observed - 1)[:, None, :, None]
+    tilt = F.softmax(log_w + F.logsigmoid(sign * logits), dim=-1)
+    return (tilt * nodes).sum(-1)
+
+
+def _mixture_median(model: NotMIWAE, alpha: torch.Tensor, params: Params, iterations: int = 40) -> torch.Tensor:
+    """Solve Σ_k α_k F(x | z_k) = 0.5 for each target: alpha (B, K), params (B, K, T, ...) -> (B, T)."""
+    decoder = model.decoder
+
+    def mixture_cdf(x: torch.Tensor) -> torch.Tensor:
+        return (alpha[:, :, None] * decoder.cdf(params, x[:, None, :])).sum(1)
+
+    support = getattr(decoder, "support", None)
+    if support is not None:
+        cdf = torch.stack([mixture_cdf(torch.full_like(params[0][:, 0, :, 0] if params[0].dim() == 4
+                                                       else params[0][:, 0], float(level)))
+                           for level in support], dim=-1)
+        return support[(cdf < 0.5 - 1e-6).sum(-1).clamp(max=len(support) - 1)]
+    # a mixture's median lies between its components' medians (their means, for symmetric components)
+    centres = decoder.mean(params).masked_fill(alpha[:, :, None] <= 0, float("nan"))
+    lo = torch.nan_to_num(centres, nan=float("inf")).amin(1)
+    hi = torch.nan_to_num(centres, nan=float("-inf")).amax(1)
+    for _ in range(iterations):
+        mid = 0.5 * (lo + hi)
+        below = mixture_cdf(mid) < 0.5
+        lo, hi = torch.where(below, mid, lo), torch.where(below, hi, mid)
+    return 0.5 * (lo + hi)
+
+
+def _targets_per_row(rows: np.ndarray, cols: np.ndarray, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sort targets by row; return the order and the CSR-style row pointer."""
+    order = np.argsort(rows, kind="stable")
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=n_rows))])
+    return order, indptr
+
+
+class _Chunk:
+    """Targets of one row chunk, padded to the longest row."""
+
+    def __init__(self, start: int, stop: int, cols_sorted: np.ndarray, indptr: np.ndarray):
+        counts = np.diff(indptr[start:stop + 1])
+        self.width = max(int(counts.max(initial=0)), 1)
+        self.valid = np.arange(self.width)[None, :] < counts[:, None]
+        padded = np.zeros((stop - start, self.width), dtype=np.int64)
+        padded[self.valid] = cols_sorted[indptr[start]:indptr[stop]]
+        self.cols = torch.from_numpy(padded)
+
+
+@torch.no_grad()
+def impute(model: NotMIWAE, data: "np.ndarray | sp.spmatrix | RowSource", rows: np.ndarray | None = None,
+           cols: np.ndarray | None = None, methods: tuple[str, ...] = ("mean",),
+           config: ImportanceConfig | None = None) -> Imputation:
+    """Impute entries (rows[i], cols[i]) of `data` by self-normalised importance sampling.
+
+    Without rows/cols the targets are all missing entries. methods: 'mean' (conditional mean),
+    'median' (conditional median) and/or 'multiple' (sampling-importance-resampling draws).
+    """
+    config = config or ImportanceConfig()
+    unknown = set(methods) - set(METHODS)
+    if unknown or not methods:
+        raise ValueError(f"methods must be a non-empty subset of {METHODS}, got {methods}")
+    source = prepare_rows(model, data)
+    if rows is None or cols is None:
+        if rows is not None or cols is not None:
+            raise ValueError("give both rows and cols, or neither")
+        rows, cols = _all_missing(source)
+    rows, cols = np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)
+    if rows.shape != cols.shape or rows.ndim != 1:
+        raise ValueError(f"rows and cols must be 1-d arrays of one length, got shapes {rows.shape}, {cols.shape}")
+    if rows.size and (rows.min() < 0 or rows.max() >= source.n_rows or cols.min() < 0
+                      or cols.max() >= source.n_features):
+        raise ValueError(f"targets must lie in the {source.n_rows} x {source.n_features} rows")
+    torch.manual_seed(config.seed)
+    model.to(config.device).eval()
+    order, indptr = _targets_per_row(rows, cols, source.n_rows)
+    cols_sorted = cols[order]
+    results = {m: np.zeros(rows.size) for m in ("mean", "median")}
+    draws = np.zeros((config.n_imputations, rows.size))
+    ess = np.zeros(source.n_rows)
+    bar = tqdm(total=source.n_rows, disable=not config.progress, desc="imputing", mininterval=0.5)
+    for start in range(0, source.n_rows, config.row_chunk):
+        stop = min(start + config.row_chunk, source.n_rows)
+        chunk = _Chunk(start, stop, cols_sorted, indptr)
+        batch = source.batch(np.arange(start, stop)).to(config.device)
+        out = _impute_chunk(model, batch, chunk.cols.to(config.device), methods, config)
+        ess[start:stop] = out["ess"]
+        positions = order[indptr[start]:indptr[stop]]
+        for m in ("mean", "median"):
+            if m in out:
+                results[m][positions] = out[m][chunk.valid]
+        if "multiple" in out:
+            draws[:, positions] = out["multiple"][:, chunk.valid]
+        bar.update(stop - start)
+    bar.close()
+    return Imputation(rows=rows, cols=cols, mean=results["mean"] if "mean" in methods else None,
+                      median=results["median"] if "median" in methods else None,
+                      draws=draws if "multiple" in methods else None, ess=ess)
+
+
+def _all_missing(source: RowSource) -> tuple[np.ndarray, np.ndarray]:
+    rows, cols = [], []
+    for start in range(0, source.n_rows, 1024):
+        mask = source.batch(np.arange(start, min(start + 1024, source.n_rows))).mask.numpy()
+        r, c = np.nonzero(mask == 0)
+        rows.append(r + start)
+        cols.append(c)
+    return np.concatenate(rows), np.concatenate(cols)
+
+
+def _sample_chunks(model: NotMIWAE, batch: RowBatch, config: ImportanceConfig):
+    """Yield (log_weights (B, k), params (B, k, p, ...)) over sub-chunks adding up to K samples."""
+    per_chunk = max(1, config.chunk_entries // (batch.n_rows * model.n_features))
+    done = 0
+    while done < config.n_samples:
+        k = min(per_chunk, config.n_samples - done)
+        samples = model.sample(batch, k)
+        yield samples.terms.log_weights, samples.params
+        done += k
+
+
+def _impute_chunk(model: NotMIWAE, batch: RowBatch, cols: torch.Tensor, methods: tuple[str, ...],
+                  config: ImportanceConfig) -> dict[str, np.ndarray]:
+    observed = batch.mask.gather(1, cols)
+    keep_all = "median" in methods or "multiple" in methods
+    running_max = torch.full((batch.n_rows,), -float("inf"), device=batch.values.device)
+    weight_sum = torch.zeros_like(running_max)
+    weight_sq_sum = torch.zeros_like(running_max)
+    mean_sum = torch.zeros(cols.shape, device=cols.device)
+    kept_log_w, kept_params = [], []
+    for log_w, params in _sample_chunks(model, batch, config):
+        targets = _gather_targets(params, cols)
+        new_max = torch.maximum(running_max, log_w.amax(1))
+        rescale = torch.exp(running_max - new_max)
+        w = torch.exp(log_w - new_max[:, None])
+        weight_sum = weight_sum * rescale + w.sum(1)
+        weight_sq_sum = weight_sq_sum * rescale ** 2 + (w ** 2).sum(1)
+        if "mean" in methods:
+            conditional = _conditional_mean(model, targets, cols, observed)
+            mean_sum = mean_sum * rescale[:, None] + (w[:, :, None] * conditional).sum(1)
+        running_max = new_max
+        if keep_all:
+            kept_log_w.append(log_w)
+            kept_params.append(targets)
+    out = {"ess": (weight_sum ** 2 / weight_sq_sum).cpu().numpy()}
+    if "mean" in methods:
+        out["mean"] = (mean_sum / weight_sum[:, None]).cpu().numpy()
+    if keep_all:
+        alpha = torch.softmax(torch.cat(kept_log_w, 1), dim=1)
+        params = tuple(torch.cat(parts, 1) for parts in zip(*kept_params))
+        if "median" in methods:
+            out["median"] = _mixture_median(model, alpha, params).cpu().numpy()
+        if "multiple" in methods:
+            picks = torch.multinomial(alpha, config.n_imputations, replacement=True)  # (B, M)
+            chosen = tuple(t[torch.arange(t.shape[0])[:, None], picks] for t in params)
+            out["multiple"] = model.decoder.sample(chosen).permute(1, 0, 2).cpu().numpy()
+    return out
+
+
+@torch.no_grad()
+def log_likelihood(model: NotMIWAE, data: "np.ndarray | sp.spmatrix | RowSource",
+                   config: ImportanceConfig | None = None) -> np.ndarray:
+    """Importance-sampling estimate of log p(x_o, s) per row (log p(x_o) for the MIWAE)."""
+    config = config or ImportanceConfig()
+    source = prepare_rows(model, data)
+    torch.manual_seed(config.seed)
+    model.to(config.device).eval()
+    out = np.zeros(source.n_rows)
+    for start in range(0, source.n_rows, config.row_chunk):
+        stop = min(start + config.row_chunk, source.n_rows)
+        batch = source.batch(np.arange(start, stop)).to(config.device)
+        total = torch.full((stop - start,), -float("inf"), device=batch.values.device)
+        for log_w, _ in _sample_chunks(model, batch, config):
+            total = torch.logaddexp(total, torch.logsumexp(log_w, dim=1))
+        out[start:stop] = (total - math.log(config.n_samples)).cpu().numpy()
+    return out
+
+
+@torch.no_grad()
+def mask_accuracy(model: NotMIWAE, complete: np.ndarray, mask: np.ndarray) -> float:
+    """Accuracy of the learnt missing model's predicted mask (Pr(s=1|x) > 0.5) on fully observed rows."""
+    complete, mask = np.asarray(complete, dtype=np.float32), np.asarray(mask)
+    if complete.shape != mask.shape:
+        raise ValueError(f"complete data {complete.shape} and mask {mask.shape} must have one shape")
+    if not np.isfinite(complete).all():
+        raise ValueError("mask accuracy needs fully observed rows: the data holds NaN or inf")
+    logits = model.missing_model.logits(torch.from_numpy(complete))
+    return float(((logits > 0).numpy() == (mask > 0)).mean())

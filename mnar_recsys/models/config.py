@@ -1,0 +1,119 @@
+"""A typed, JSON-serialisable description of a model, and the one function that builds it."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from torch import nn
+
+from mnar_recsys.models import decoders, encoders, missing
+from mnar_recsys.models.notmiwae import NotMIWAE
+
+ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh}
+ENCODERS = ("mlp", "set", "conv")
+DECODERS = ("gaussian", "linear", "categorical", "bernoulli", "student-t", "conv-gaussian")
+MISSING_MODELS = ("mcar", "self-masking", "self-masking-known", "itemwise", "agnostic", "nonlinear",
+                  "fixed-logistic")
+
+
+@dataclass
+class ModelConfig:
+    """Architecture of a (not-)MIWAE. Defaults are the paper's Yahoo! R3 setup.
+
+    encoder: 'mlp' (zero-imputed, `encoder_hidden` layers), 'set' (PointNet / partial-VAE with
+        `embedding_dim` and `code_dim`) or 'conv' (square images).
+    decoder: 'gaussian' (`decoder_hidden` layers, mean squashed to `squash` when given, `variance`
+        'shared' / 'per_row' / 'isotropic'), 'linear' (PPCA-like), 'categorical' over `levels` with
+        Gumbel-Softmax at `temperature`, 'bernoulli', 'student-t', 'conv-gaussian' (images).
+    missing: 'mcar' (the MIWAE), 'self-masking', 'self-masking-known' (direction `missing_sign`),
+        'itemwise' (one shared weight, per-item biases; sign-constrained unless `missing_sign` is None),
+        'agnostic', 'nonlinear', 'fixed-logistic' (`fixed_weight` · (x - `fixed_offset`)).
+    missing_factor: 'integrated' (x_m integrated out per feature) or 'sampled'.
+    """
+
+    n_features: int
+    latent_dim: int = 30
+    activation: str = "relu"
+    encoder: str = "set"
+    encoder_hidden: tuple[int, ...] = (128, 128)
+    embedding_dim: int = 20
+    code_dim: int = 50
+    decoder: str = "gaussian"
+    decoder_hidden: tuple[int, ...] = ()
+    squash: tuple[float, float] | None = (1.0, 5.0)
+    variance: str = "shared"
+    min_variance: float = 1e-3
+    levels: tuple[int, int] = (1, 5)
+    temperature: float = 0.5
+    quadrature_points: int = 8
+    missing: str = "itemwise"
+    missing_sign: int | None = 1
+    missing_hidden: tuple[int, ...] = (64,)
+    fixed_weight: float = -50.0
+    fixed_offset: float = 0.75
+    missing_factor: str = "integrated"
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("encoder", ENCODERS), ("decoder", DECODERS), ("missing", MISSING_MODELS),
+                              ("activation", tuple(ACTIVATIONS))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.n_features < 1 or self.latent_dim < 1:
+            raise ValueError(f"n_features and latent_dim must be positive, got {self.n_features}, {self.latent_dim}")
+        # JSON round trips turn tuples into lists
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, list):
+                setattr(self, f.name, tuple(value))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def build_encoder(cfg: ModelConfig) -> nn.Module:
+    act = ACTIVATIONS[cfg.activation]
+    if cfg.encoder == "mlp":
+        return encoders.MLPEncoder(cfg.n_features, cfg.latent_dim, cfg.encoder_hidden, act)
+    if cfg.encoder == "set":
+        return encoders.SetEncoder(cfg.n_features, cfg.latent_dim, cfg.embedding_dim, cfg.code_dim, act)
+    return encoders.ConvEncoder(cfg.n_features, cfg.latent_dim)
+
+
+def build_decoder(cfg: ModelConfig) -> decoders.ObservationModel:
+    act, d, p = ACTIVATIONS[cfg.activation], cfg.latent_dim, cfg.n_features
+    if cfg.decoder == "gaussian":
+        return decoders.GaussianDecoder(d, p, cfg.decoder_hidden, act, cfg.squash, cfg.variance, cfg.min_variance,
+                                        cfg.quadrature_points)
+    if cfg.decoder == "linear":
+        return decoders.linear_gaussian_decoder(d, p, cfg.min_variance)
+    if cfg.decoder == "categorical":
+        return decoders.CategoricalDecoder(d, p, cfg.levels, cfg.decoder_hidden, act, cfg.temperature)
+    if cfg.decoder == "bernoulli":
+        return decoders.BernoulliDecoder(d, p, cfg.decoder_hidden, act, cfg.temperature)
+    if cfg.decoder == "student-t":
+        return decoders.StudentTDecoder(d, p, cfg.decoder_hidden, act)
+    return decoders.GaussianDecoder(d, p, squash=cfg.squash, variance=cfg.variance, min_variance=cfg.min_variance,
+                                    quadrature_points=cfg.quadrature_points, mean_net=decoders.ConvMeanNet(d, p))
+
+
+def build_missing_model(cfg: ModelConfig) -> missing.MissingModel:
+    p = cfg.n_features
+    if cfg.missing == "mcar":
+        return missing.MCAR()
+    if cfg.missing == "self-masking":
+        return missing.SelfMasking(p)
+    if cfg.missing == "self-masking-known":
+        return missing.SelfMaskingKnownSign(p, sign=cfg.missing_sign or -1)
+    if cfg.missing == "itemwise":
+        return missing.ItemwiseLogistic(p, sign=cfg.missing_sign)
+    if cfg.missing == "agnostic":
+        return missing.Agnostic(p)
+    if cfg.missing == "nonlinear":
+        return missing.Nonlinear(p, cfg.missing_hidden)
+    return missing.FixedLogistic(cfg.fixed_weight, cfg.fixed_offset)
+
+
+def build_model(cfg: ModelConfig) -> NotMIWAE:
+    """The model a config describes, freshly initialised (seed torch first for reproducibility)."""
+    return NotMIWAE(build_encoder(cfg), build_decoder(cfg), build_missing_model(cfg), cfg.latent_dim,
+                    cfg.n_features, cfg.missing_factor)

@@ -1,0 +1,300 @@
+"""Observation models p(x | z), fully factorised over features.
+
+A decoder maps z of shape (..., d) to a tuple of parameter tensors whose feature axis is the first
+axis after z's batch axes (shape (..., p) or (..., p, C)). The same decoder then scores values
+(`log_prob`), draws reparameterised samples (`rsample`, used for x_m inside the bound), gives the
+conditional mean and CDF (imputation), and, where it can, quadrature nodes over x_j
+(`quadrature`, used to integrate x_m out of a per-feature missing model).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mnar_recsys.models.encoders import mlp
+
+Params = tuple[torch.Tensor, ...]
+
+
+def _trunk(latent_dim: int, hidden: tuple[int, ...], activation: type[nn.Module]) -> tuple[nn.Module, int]:
+    if not hidden:
+        return nn.Identity(), latent_dim
+    return nn.Sequential(mlp([latent_dim, *hidden], activation), activation()), hidden[-1]
+
+
+class ObservationModel(nn.Module):
+    """Common interface; subclasses implement the distribution-specific parts.
+
+    Discrete models also hold a buffer `support`, their sorted levels.
+    """
+
+    def log_prob(self, params: Params, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def rsample(self, params: Params) -> torch.Tensor:
+        raise NotImplementedError
+
+    def sample(self, params: Params) -> torch.Tensor:
+        """A draw for multiple imputation (not relaxed)."""
+        with torch.no_grad():
+            return self.rsample(params)
+
+    def mean(self, params: Params) -> torch.Tensor:
+        raise NotImplementedError
+
+    def cdf(self, params: Params, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} has no CDF: the conditional median is not available")
+
+    def quadrature(self, params: Params) -> tuple[torch.Tensor, torch.Tensor]:
+        """Nodes and log-weights, each (..., p, H), with E[f(x_j)] ≈ Σ_h exp(logw_h) f(node_h)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot integrate x_m out; use missing_factor='sampled'")
+
+    def check_values(self, values: np.ndarray) -> None:
+        """Raise ValueError when observed values lie outside the model's support."""
+
+
+class GaussianDecoder(ObservationModel):
+    """Gaussian p(x_j | z) with an optionally squashed mean.
+
+    squash=(lo, hi) maps the mean through lo + (hi - lo) * sigmoid (ratings on 1..5, pixels in [0, 1]).
+    variance: 'shared' (one per feature, shared across rows), 'per_row' (a second head),
+    'isotropic' (one for all features, the PPCA-like decoder). The variance never goes below
+    `min_variance`. `mean_net`, when given, replaces the dense trunk and mean head (e.g. a conv net).
+    """
+
+    def __init__(self, latent_dim: int, n_features: int, hidden: tuple[int, ...] = (128, 128),
+                 activation: type[nn.Module] = nn.Tanh, squash: tuple[float, float] | None = None,
+                 variance: str = "shared", min_variance: float = 1e-3, quadrature_points: int = 8,
+                 mean_net: nn.Module | None = None):
+        super().__init__()
+        if variance not in ("shared", "per_row", "isotropic"):
+            raise ValueError(f"variance must be 'shared', 'per_row' or 'isotropic', got {variance!r}")
+        if variance == "per_row" and mean_net is not None:
+            raise ValueError("variance='per_row' needs the dense trunk, not a custom mean_net")
+        self.squash = squash
+        self.variance = variance
+        self.min_variance = min_variance
+        if mean_net is None:
+            self.trunk, width = _trunk(latent_dim, hidden, activation)
+            self.mean_head = nn.Linear(width, n_features)
+            self.mean_net = nn.Sequential(self.trunk, self.mean_head)
+        else:
+            self.mean_net = mean_net
+        # softplus(0.5413) = 1: start every variance near 1
+        if variance == "per_row":
+            self.var_head = nn.Linear(width, n_features)
+            nn.init.constant_(self.var_head.bias, 0.5413)
+        else:
+            self.raw_var = nn.Parameter(torch.full((n_features if variance == "shared" else 1,), 0.5413))
+        nodes, weights = np.polynomial.hermite.hermgauss(quadrature_points)
+        self.register_buffer("gh_nodes", torch.tensor(nodes * math.sqrt(2.0), dtype=torch.float32), persistent=False)
+        self.register_buffer("gh_logw", torch.tensor(np.log(weights / math.sqrt(math.pi)), dtype=torch.float32),
+                             persistent=False)
+
+    def forward(self, z: torch.Tensor) -> Params:
+        loc = self.mean_net(z)
+        if self.squash is not None:
+            lo, hi = self.squash
+            loc = lo + (hi - lo) * torch.sigmoid(loc)
+        if self.variance == "per_row":
+            raw = self.var_head(self.trunk(z))
+        else:
+            raw = self.raw_var.expand_as(loc)
+        scale = torch.sqrt(F.softplus(raw) + self.min_variance)
+        return loc, scale
+
+    def log_prob(self, params: Params, x: torch.Tensor) -> torch.Tensor:
+        loc, scale = params
+        return -0.5 * ((x - loc) / scale) ** 2 - torch.log(scale) - 0.5 * math.log(2 * math.pi)
+
+    def rsample(self, params: Params) -> torch.Tensor:
+        loc, scale = params
+        return loc + scale * torch.randn_like(loc)
+
+    def mean(self, params: Params) -> torch.Tensor:
+        return params[0]
+
+    def cdf(self, params: Params, x: torch.Tensor) -> torch.Tensor:
+        loc, scale = params
+        return 0.5 * (1 + torch.erf((x - loc) / (scale * math.sqrt(2.0))))
+
+    def quadrature(self, params: Params) -> tuple[torch.Tensor, torch.Tensor]:
+        loc, scale = params
+        nodes = loc[..., None] + scale[..., None] * self.gh_nodes
+        return nodes, self.gh_logw.expand_as(nodes)
+
+    def check_values(self, values: np.ndarray) -> None:
+        if self.squash is None:
+            return
+        lo, hi = self.squash
+        bad = np.flatnonzero((values < lo) | (values > hi))
+        if bad.size:
+            raise ValueError(f"the decoder's mean is squashed to [{lo}, {hi}] but {bad.size} observed values lie "
+                             f"outside it (e.g. {values[bad[0]]})")
+
+
+def linear_gaussian_decoder(latent_dim: int, n_features: int, min_variance: float = 1e-4) -> GaussianDecoder:
+    """The PPCA-like decoder: x = W z + b + noise with one variance shared by all features."""
+    return GaussianDecoder(latent_dim, n_features, hidden=(), variance="isotropic", min_variance=min_variance)
+
+
+class CategoricalDecoder(ObservationModel):
+    """Categorical p(x_j | z) over ordered levels lo..hi, with Gumbel-Softmax reparameterised samples.
+
+    A relaxed one-hot y at `temperature` is turned into a value on the level scale, Σ_c level_c y_c,
+    which is what the missing model sees.
+    """
+
+    def __init__(self, latent_dim: int, n_features: int, levels: tuple[int, int] = (1, 5),
+                 hidden: tuple[int, ...] = (), activation: type[nn.Module] = nn.Tanh, temperature: float = 0.5):
+        super().__init__()
+        lo, hi = levels
+        if hi <= lo:
+            raise ValueError(f"levels must satisfy lo < hi, got {levels}")
+        self.lo, self.n_levels, self.n_features = lo, hi - lo + 1, n_features
+        self.temperature = temperature
+        self.trunk, width = _trunk(latent_dim, hidden, activation)
+        self.logit_head = nn.Linear(width, n_features * self.n_levels)
+        self.register_buffer("support", torch.arange(lo, hi + 1, dtype=torch.float32), persistent=False)
+
+    def forward(self, z: torch.Tensor) -> Params:
+        logits = self.logit_head(self.trunk(z))
+        return (logits.unflatten(-1, (self.n_features, self.n_levels)),)
+
+    def _index(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.lo).round().long().clamp(0, self.n_levels - 1)
+
+    def log_prob(self, params: Params, x: torch.Tensor) -> torch.Tensor:
+        log_pi = F.log_softmax(params[0], dim=-1)
+        return log_pi.gather(-1, self._index(x).expand(log_pi.shape[:-1])[..., None])[..., 0]
+
+    def rsample(self, params: Params) -> torch.Tensor:
+        y = F.gumbel_softmax(params[0], tau=self.temperature, dim=-1)
+        return y @ self.support
+
+    def sample(self, params: Params) -> torch.Tensor:
+        with torch.no_grad():
+            probs = F.softmax(params[0], dim=-1)
+            draws = torch.multinomial(probs.reshape(-1, self.n_levels), 1).reshape(probs.shape[:-1])
+            return self.support[draws]
+
+    def mean(self, params: Params) -> torch.Tensor:
+        return F.softmax(params[0], dim=-1) @ self.support
+
+    def cdf(self, params: Params, x: torch.Tensor) -> torch.Tensor:
+        probs = F.softmax(params[0], dim=-1)
+        return (probs * (self.support <= x[..., None])).sum(-1)
+
+    def quadrature(self, params: Params) -> tuple[torch.Tensor, torch.Tensor]:
+        log_pi = F.log_softmax(params[0], dim=-1)
+        return self.support.expand_as(log_pi), log_pi
+
+    def check_values(self, values: np.ndarray) -> None:
+        bad = np.flatnonzero((values != np.round(values)) | (values < self.lo)
+                             | (values > self.lo + self.n_levels - 1))
+        if bad.size:
+            raise ValueError(f"the categorical decoder takes integer levels {self.lo}..{self.lo + self.n_levels - 1}"
+                             f" but {bad.size} observed values are not among them (e.g. {values[bad[0]]})")
+
+
+class BernoulliDecoder(ObservationModel):
+    """Bernoulli p(x_j | z) on {0, 1}; samples are binary-concrete relaxations at `temperature`."""
+
+    def __init__(self, latent_dim: int, n_features: int, hidden: tuple[int, ...] = (128, 128),
+                 activation: type[nn.Module] = nn.Tanh, temperature: float = 0.5):
+        super().__init__()
+        self.temperature = temperature
+        self.trunk, width = _trunk(latent_dim, hidden, activation)
+        self.logit_head = nn.Linear(width, n_features)
+        self.register_buffer("support", torch.tensor([0.0, 1.0]), persistent=False)
+
+    def forward(self, z: torch.Tensor) -> Params:
+        return (self.logit_head(self.trunk(z)),)
+
+    def log_prob(self, params: Params, x: torch.Tensor) -> torch.Tensor:
+        logits = params[0]
+        return x * F.logsigmoid(logits) + (1 - x) * F.logsigmoid(-logits)
+
+    def rsample(self, params: Params) -> torch.Tensor:
+        u = torch.rand_like(params[0]).clamp(1e-6, 1 - 1e-6)
+        return torch.sigmoid((params[0] + torch.log(u) - torch.log1p(-u)) / self.temperature)
+
+    def sample(self, params: Params) -> torch.Tensor:
+        with torch.no_grad():
+            return torch.bernoulli(torch.sigmoid(params[0]))
+
+    def mean(self, params: Params) -> torch.Tensor:
+        return torch.sigmoid(params[0])
+
+    def cdf(self, params: Params, x: torch.Tensor) -> torch.Tensor:
+        p_zero = torch.sigmoid(-params[0])
+        return torch.where(x < 0, torch.zeros_like(p_zero), torch.where(x < 1, p_zero, torch.ones_like(p_zero)))
+
+    def quadrature(self, params: Params) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = params[0]
+        log_w = torch.stack([F.logsigmoid(-logits), F.logsigmoid(logits)], dim=-1)
+        return self.support.expand_as(log_w), log_w
+
+    def check_values(self, values: np.ndarray) -> None:
+        bad = np.flatnonzero((values != 0) & (values != 1))
+        if bad.size:
+            raise ValueError(f"the Bernoulli decoder takes 0/1 values but {bad.size} observed values are not "
+                             f"(e.g. {values[bad[0]]})")
+
+
+class StudentTDecoder(ObservationModel):
+    """Student-t p(x_j | z) with per-row location and scale and a per-feature degrees of freedom (> 1)."""
+
+    def __init__(self, latent_dim: int, n_features: int, hidden: tuple[int, ...] = (128, 128),
+                 activation: type[nn.Module] = nn.Tanh, min_scale: float = 1e-2):
+        super().__init__()
+        self.min_scale = min_scale
+        self.trunk, width = _trunk(latent_dim, hidden, activation)
+        self.head = nn.Linear(width, 2 * n_features)
+        self.raw_df = nn.Parameter(torch.full((n_features,), 2.0))
+
+    def forward(self, z: torch.Tensor) -> Params:
+        loc, raw_scale = self.head(self.trunk(z)).chunk(2, dim=-1)
+        df = (1.0 + F.softplus(self.raw_df)).expand_as(loc)
+        return loc, F.softplus(raw_scale) + self.min_scale, df
+
+    def _dist(self, params: Params) -> torch.distributions.StudentT:
+        loc, scale, df = params
+        return torch.distributions.StudentT(df, loc, scale)
+
+    def log_prob(self, params: Params, x: torch.Tensor) -> torch.Tensor:
+        return self._dist(params).log_prob(x)
+
+    def rsample(self, params: Params) -> torch.Tensor:
+        return self._dist(params).rsample()
+
+    def mean(self, params: Params) -> torch.Tensor:
+        return params[0]
+
+
+class ConvMeanNet(nn.Module):
+    """The paper's SVHN decoder body: z -> transposed convolutions -> a square image of mean logits."""
+
+    def __init__(self, latent_dim: int, n_features: int, channels: tuple[int, ...] = (256, 128, 64)):
+        super().__init__()
+        self.side = int(round(n_features ** 0.5))
+        self.start = self.side // 2 ** len(channels)
+        if self.side ** 2 != n_features or self.start * 2 ** len(channels) != self.side:
+            raise ValueError(f"the conv decoder needs square images with side divisible by "
+                             f"{2 ** len(channels)}, got {n_features} features")
+        self.channels = channels
+        self.project = nn.Linear(latent_dim, channels[0] * self.start ** 2)
+        layers: list[nn.Module] = []
+        for n_in, n_out in zip(channels, (*channels[1:], 1)):
+            layers += [nn.ReLU(), nn.ConvTranspose2d(n_in, n_out, 4, stride=2, padding=1)]
+        self.body = nn.Sequential(*layers)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        lead = z.shape[:-1]
+        h = self.project(z.reshape(-1, z.shape[-1])).view(-1, self.channels[0], self.start, self.start)
+        return self.body(h).reshape(*lead, self.side ** 2)

@@ -1,0 +1,191 @@
+"""Missing models p(s | x): Bernoulli masks whose logits are a function of the completed row.
+
+`log_prob(x, mask)` scores a mask (1 = observed) given completed rows x of shape (..., p).
+Per-feature models (`per_feature = True`) compute logit_j from x_j alone through
+`feature_logits(x, features)`, elementwise with `features` giving each value's feature index; that is
+what lets the model integrate x_m out feature by feature.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mnar_recsys.models.encoders import mlp
+
+
+def _logit(p: np.ndarray) -> torch.Tensor:
+    p = np.clip(np.asarray(p, dtype=np.float64), 1e-4, 1 - 1e-4)
+    return torch.tensor(np.log(p / (1 - p)), dtype=torch.float32)
+
+
+def bernoulli_log_prob(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Σ_j log Bern(s_j | sigmoid(logit_j)) over the last axis."""
+    return -F.binary_cross_entropy_with_logits(logits, mask.expand_as(logits), reduction="none").sum(-1)
+
+
+class MissingModel(nn.Module):
+    per_feature: bool = False
+    #: True for the MCAR model, whose factor is dropped from the bound (the MIWAE)
+    is_mcar: bool = False
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits of Pr(s_j = 1 | x) for completed rows x of shape (..., p)."""
+        features = torch.arange(x.shape[-1], device=x.device)
+        return self.feature_logits(x, features)
+
+    def feature_logits(self, x: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} is not a per-feature missing model")
+
+    def log_prob(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return bernoulli_log_prob(self.logits(x), mask)
+
+    def initialise(self, observed_fraction: np.ndarray, center: float) -> None:
+        """Start the biases at each feature's observed fraction (at values near `center`)."""
+
+
+class MCAR(MissingModel):
+    """p(s | x) = p(s): the factor does not involve θ, so it is dropped and the bound is the MIWAE's."""
+
+    is_mcar = True
+
+    def log_prob(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return x.new_zeros(x.shape[:-1])
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError("the MCAR model has no logits: the MIWAE ignores the mask")
+
+
+class SelfMasking(MissingModel):
+    """logit_j = w_j x_j + b_j: one logistic regression per feature on its own value."""
+
+    per_feature = True
+
+    def __init__(self, n_features: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(n_features))
+        self.bias = nn.Parameter(torch.zeros(n_features))
+
+    def feature_logits(self, x: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        return self.weight[features] * x + self.bias[features]
+
+    def initialise(self, observed_fraction: np.ndarray, center: float) -> None:
+        with torch.no_grad():
+            self.bias.copy_(_logit(observed_fraction) - self.weight * center)
+
+
+class SelfMaskingKnownSign(MissingModel):
+    """logit_j = sign · softplus(w_j) · (x_j - b_j): self-masking whose direction is known.
+
+    sign = -1 when large values go missing (the UCI protocol), +1 when large values are observed
+    (users rate what they like).
+    """
+
+    per_feature = True
+
+    def __init__(self, n_features: int, sign: int = -1):
+        super().__init__()
+        if sign not in (-1, 1):
+            raise ValueError(f"sign must be -1 or +1, got {sign}")
+        self.sign = sign
+        self.raw_weight = nn.Parameter(torch.zeros(n_features))
+        self.offset = nn.Parameter(torch.zeros(n_features))
+
+    def feature_logits(self, x: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        return self.sign * F.softplus(self.raw_weight[features]) * (x - self.offset[features])
+
+    def initialise(self, observed_fraction: np.ndarray, center: float) -> None:
+        with torch.no_grad():
+            slope = self.sign * F.softplus(self.raw_weight)
+            self.offset.copy_(center - _logit(observed_fraction) / slope)
+
+
+class ItemwiseLogistic(MissingModel):
+    """logit_j = w x_j + b_j with one weight shared by all items and a bias per item (recommenders).
+
+    With `sign` set, w = sign · softplus(v) keeps the direction of self-selection fixed.
+    """
+
+    per_feature = True
+
+    def __init__(self, n_features: int, sign: int | None = 1, initial_weight: float = 0.5):
+        super().__init__()
+        if sign not in (-1, 1, None):
+            raise ValueError(f"sign must be -1, +1 or None, got {sign}")
+        self.sign = sign
+        start = initial_weight if sign is None else float(np.log(np.expm1(abs(initial_weight))))
+        self.raw_weight = nn.Parameter(torch.tensor(start))
+        self.bias = nn.Parameter(torch.zeros(n_features))
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.raw_weight if self.sign is None else self.sign * F.softplus(self.raw_weight)
+
+    def feature_logits(self, x: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        return self.weight * x + self.bias[features]
+
+    def initialise(self, observed_fraction: np.ndarray, center: float) -> None:
+        with torch.no_grad():
+            self.bias.copy_(_logit(observed_fraction) - self.weight * center)
+
+
+class Agnostic(MissingModel):
+    """logits = W x + b: one dense linear layer of the whole completed row."""
+
+    def __init__(self, n_features: int):
+        super().__init__()
+        self.linear = nn.Linear(n_features, n_features)
+        with torch.no_grad():
+            self.linear.weight.mul_(0.1)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+    def initialise(self, observed_fraction: np.ndarray, center: float) -> None:
+        with torch.no_grad():
+            self.linear.bias.copy_(_logit(observed_fraction) - self.linear.weight.sum(1) * center)
+
+
+class Nonlinear(MissingModel):
+    """logits = MLP(x): a small tanh network of the whole completed row."""
+
+    def __init__(self, n_features: int, hidden: tuple[int, ...] = (64,)):
+        super().__init__()
+        self.net = mlp([n_features, *hidden, n_features], nn.Tanh)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def initialise(self, observed_fraction: np.ndarray, center: float) -> None:
+        with torch.no_grad():
+            self.net[-1].bias.copy_(_logit(observed_fraction))
+
+
+class FixedLogistic(MissingModel):
+    """A known, fixed missing process logit_j = weight · (x_j - offset), e.g. SVHN clipping (-50, 0.75)."""
+
+    per_feature = True
+
+    def __init__(self, weight: float = -50.0, offset: float = 0.75):
+        super().__init__()
+        self.weight, self.offset = float(weight), float(offset)
+
+    def feature_logits(self, x: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        return self.weight * (x - self.offset)
+
+
+class FixedFunction(MissingModel):
+    """A user-supplied elementwise logit function of x_j, used as is (not saved in checkpoints)."""
+
+    per_feature = True
+
+    def __init__(self, function: Callable[[torch.Tensor], torch.Tensor]):
+        super().__init__()
+        self.function = function
+
+    def feature_logits(self, x: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        return self.function(x)
