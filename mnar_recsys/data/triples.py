@@ -165,6 +165,11 @@ def _is_number(text: str) -> bool:
     return True
 
 
+def _show(value: object) -> str:
+    """repr of a value as the user wrote it (numpy scalars as plain Python ones)."""
+    return repr(value.item() if isinstance(value, np.generic) else value)
+
+
 def _as_float(values: np.ndarray) -> np.ndarray:
     """Numeric value of each entry, NaN where it is not a number."""
     return pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").to_numpy(dtype=np.float64)
@@ -178,7 +183,7 @@ def _parse_ratings(raw: Triples, rating_scale: tuple[int, int]) -> np.ndarray:
     numbers = _as_float(raw.ratings)
     bad = np.flatnonzero(~_is_integer(numbers))
     if len(bad):
-        raise raw.error(bad[0], f"rating {raw.ratings[bad[0]]!r} is not an integer")
+        raise raw.error(bad[0], f"rating {_show(raw.ratings[bad[0]])} is not an integer")
     lo, hi = rating_scale
     off = np.flatnonzero((numbers < lo) | (numbers > hi))
     if len(off):
@@ -194,7 +199,7 @@ def _parse_ids(raw: Triples, values: np.ndarray, kind: str, integer: bool) -> np
         return numbers.astype(np.int64)
     if integer:
         k = np.flatnonzero(~is_int)[0]
-        raise raw.error(k, f"{kind} id {values[k]!r} is not an integer")
+        raise raw.error(k, f"{kind} id {_show(values[k])} is not an integer")
     text = pd.Series(values, dtype=object)
     missing = np.flatnonzero(text.isna().to_numpy() | (text.astype(str).str.strip() == "").to_numpy())
     if len(missing):
@@ -210,7 +215,7 @@ def _check_unique_pairs(t: Triples) -> None:
         k = dup[0]
         first = np.flatnonzero(keys == keys[k])[0]
         raise t.error(
-            k, f"duplicate (user, item) pair ({t.users[k]!r}, {t.items[k]!r}); first given on {t.unit} {t.lines[first]}"
+            k, f"duplicate (user, item) pair ({_show(t.users[k])}, {_show(t.items[k])}); first given on {t.unit} {t.lines[first]}"
         )
 
 
@@ -222,5 +227,5 @@ def _index_known(t: Triples, ids: np.ndarray, known: np.ndarray, kind: str, trai
     unknown = np.flatnonzero(pos < 0)
     if len(unknown):
         k = unknown[0]
-        raise t.error(k, f"{kind} {ids[k]!r} does not appear in the train data ({train_source})")
+        raise t.error(k, f"{kind} {_show(ids[k])} does not appear in the train data ({train_source})")
     return pos
