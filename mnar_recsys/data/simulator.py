@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy.special import ndtr
 
 from .ratings import RatingsData
@@ -159,7 +160,7 @@ def simulate_ratings(config: SimulatorConfig | None = None) -> RatingsData:
     )
 
 
-def _normalised(shares: tuple[float, ...]) -> np.ndarray:
+def _normalised(shares: ArrayLike) -> np.ndarray:
     return np.asarray(shares, dtype=np.float64) / np.sum(shares)
 
 

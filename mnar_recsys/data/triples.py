@@ -116,7 +116,7 @@ def to_csr(rows: np.ndarray, cols: np.ndarray, values: np.ndarray, shape: tuple[
 
 def _file_triples(path: Path, sep: str | None, header: bool | None) -> Triples:
     """Split a file into raw string columns, checking that every data line has three fields."""
-    lines = path.read_text(encoding="utf-8").split("\n")  # universal newlines: CRLF arrives as "\n"
+    lines = path.read_text(encoding="utf-8-sig").split("\n")  # universal newlines: CRLF arrives as "\n"
     if lines and lines[-1] == "":
         lines.pop()
     data_idx = np.flatnonzero(np.fromiter(map(len, map(str.strip, lines)), np.int64, len(lines)))
