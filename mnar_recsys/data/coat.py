@@ -1,0 +1,82 @@
+"""Coat shopping ratings (Schnabel et al., ICML 2016): 290 users x 300 coats, MNAR train, MCAR test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import scipy.sparse as sp
+
+from .files import check_sha256, require_file
+from .ratings import RatingsData
+from .triples import to_csr
+
+CARD = "datasets/coat/README.md"
+SHAPE = (290, 300)
+RATING_SCALE = (1, 5)
+SHA256 = {
+    "train.ascii": "a87bd9e7eaf3b89f976df3f25d4aa5d5d871be8a00b58947df9e6e015559bd37",
+    "test.ascii": "de6714ab105a5e0be8166be7fd313901b29f9a09c3bea307901457d1d71847e6",
+}
+
+
+def load_coat(data_dir: str | Path) -> RatingsData:
+    """Load Coat from ``data_dir`` (``train.ascii``, ``test.ascii``: dense 290 x 300, 0 = not rated).
+
+    Row u / column j keep their positions (``user_ids``/``item_ids`` are 0..289 / 0..299).
+    Warns (``ChecksumWarning``) on a sha256 differing from the published files; raises
+    FileNotFoundError for a missing file and ValueError, naming file and line, for a wrong shape
+    or a value that is not an integer in {0} u 1..5.
+    """
+    data_dir = Path(data_dir)
+    matrices, digests = {}, {}
+    for name in ("train.ascii", "test.ascii"):
+        path = require_file(data_dir / name, CARD)
+        digests[name] = check_sha256(path, SHA256[name], CARD)
+        matrices[name] = read_dense_ratings(path, SHAPE, RATING_SCALE)
+    train, test = (_sparse(matrices[n]) for n in ("train.ascii", "test.ascii"))
+    return RatingsData(
+        name="coat",
+        train=train,
+        test=test,
+        rating_scale=RATING_SCALE,
+        user_ids=np.arange(SHAPE[0]),
+        item_ids=np.arange(SHAPE[1]),
+        meta={"data_dir": str(data_dir), "sha256": digests, "card": CARD},
+    )
+
+
+def read_dense_ratings(path: Path, shape: tuple[int, int], rating_scale: tuple[int, int]) -> np.ndarray:
+    """Read a whitespace-separated dense rating matrix (one user per line, 0 = not rated) as int64.
+
+    Raises ValueError naming the file and 1-based line for a wrong number of lines or columns, a
+    non-integer entry, or an entry that is neither 0 nor on the rating scale.
+    """
+    lines = path.read_text(encoding="utf-8").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    if len(lines) != shape[0]:
+        raise ValueError(f"{path}: expected {shape[0]} lines (users), found {len(lines)}")
+    lo, hi = rating_scale
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        fields = line.split()
+        if len(fields) != shape[1]:
+            raise ValueError(f"{path}, line {number}: expected {shape[1]} columns (items), found {len(fields)}")
+        values = pd.to_numeric(pd.Series(fields), errors="coerce").to_numpy(dtype=np.float64)
+        on_scale = (values == 0) | ((values >= lo) & (values <= hi))
+        bad = np.flatnonzero(~on_scale | (values != np.round(values)))  # NaN (not a number) fails on_scale
+        if len(bad):
+            j = bad[0]
+            raise ValueError(
+                f"{path}, line {number}, column {j + 1}: expected 0 (not rated) or an integer rating "
+                f"{lo}..{hi}, found {fields[j]!r}"
+            )
+        rows.append(values.astype(np.int64))
+    return np.vstack(rows)
+
+
+def _sparse(dense: np.ndarray) -> sp.csr_matrix:
+    rows, cols = np.nonzero(dense)
+    return to_csr(rows, cols, dense[rows, cols], dense.shape)

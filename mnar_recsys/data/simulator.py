@@ -1,0 +1,267 @@
+"""Synthetic MNAR ratings with known full truth, calibrated to look like Yahoo! R3 in aggregate.
+
+Generative model (all draws from one seeded ``np.random.default_rng``):
+
+1. Latent score of user u for item i: ``s_ui = f_ui + e_ui`` with ``f_ui = a_u + b_i + <P_u, Q_i>``
+   (Gaussian user/item biases and a Gaussian rank-``rank`` interaction) and noise
+   ``e_ui ~ N(0, noise_var)``.
+2. Rating ``r_ui = 1 + #{k : s_ui > t_k}``, with thresholds ``t_k`` at the quantiles of the scores
+   given by the cumulative ``mcar_shares``, so a uniformly random cell has those rating shares.
+3. Self-selection (train, MNAR): user u rates ``n_u`` items (``n_u`` = ``min_ratings_per_user`` plus a
+   log-normal count whose median and mean are solved from the config), drawn without replacement
+   with weight ``popularity_i * propensity[r_ui]``; the per-rating propensity is solved so that the
+   train rating shares match ``train_shares``.
+4. MCAR test: each of the first ``n_test_users`` users gets ``test_items_per_user`` items drawn
+   uniformly without replacement, independently of the train selection (a cell may be in both).
+
+The oracle ``E[r_ui | f_ui] = 1 + sum_k Phi((f_ui - t_k) / sqrt(noise_var))`` minimises the expected
+squared error of any prediction that knows the generating model but not the realised rating.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike
+from scipy.special import ndtr
+
+from .ratings import RatingsData
+from .triples import to_csr
+
+_APPROX_ROUNDS = 500  # most fixed-point steps solving the approximate propensities
+_REALISED_ROUNDS = 3  # corrections of the approximation by the shares the race realises
+_BLOCK_ROWS = 1024  # rows per block of temporaries
+_ORACLE_GRID = 4096  # interpolation cells for the oracle's E[rating | signal]
+
+
+@dataclass
+class SimulatorConfig:
+    """Parameters of ``simulate_ratings``; the defaults mimic Yahoo! R3 (15,400 users x 1,000 songs).
+
+    Attributes:
+        n_users: number of users (rows).
+        n_items: number of items (columns).
+        n_test_users: the first this many users get an MCAR test set.
+        test_items_per_user: random items rated by each test user.
+        rank: rank of the user-item interaction.
+        user_bias_var: variance of the user bias in the latent score.
+        item_bias_var: variance of the item bias in the latent score.
+        interaction_var: variance of the low-rank interaction term in the latent score.
+        noise_var: variance of the per-cell noise (the part of a rating even the oracle cannot predict).
+        mcar_shares: rating shares 1..K of a uniformly random cell (sets the ordinal thresholds).
+        train_shares: target rating shares 1..K of the self-selected train ratings (sets the propensities).
+        min_ratings_per_user: every user rates at least this many items in train.
+        median_ratings_per_user: median train ratings per user.
+        mean_ratings_per_user: mean train ratings per user (with the median, fixes the log-normal tail).
+        popularity_sigma: log-scale spread of item popularity (heavier tail -> more skewed item counts).
+        popularity_floor: popularity added to every item, so that no item is (almost) never rated.
+        seed: seed of the random generator; equal configs give equal data.
+    """
+
+    n_users: int = 15_400
+    n_items: int = 1_000
+    n_test_users: int = 5_400
+    test_items_per_user: int = 10
+    rank: int = 5
+    user_bias_var: float = 0.30
+    item_bias_var: float = 0.15
+    interaction_var: float = 0.25
+    noise_var: float = 0.30
+    mcar_shares: tuple[float, ...] = (0.526, 0.242, 0.144, 0.062, 0.026)
+    train_shares: tuple[float, ...] = (0.314, 0.127, 0.158, 0.156, 0.246)
+    min_ratings_per_user: int = 10
+    median_ratings_per_user: float = 15.0
+    mean_ratings_per_user: float = 20.2
+    popularity_sigma: float = 1.5
+    popularity_floor: float = 0.25
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if len(self.mcar_shares) != len(self.train_shares):
+            raise ValueError("mcar_shares and train_shares must have one share per rating level")
+        for name in ("mcar_shares", "train_shares"):
+            shares = np.asarray(getattr(self, name))
+            if np.any(shares <= 0) or abs(shares.sum() - 1) > 0.01:
+                raise ValueError(f"{name} must be positive and sum to 1 (up to rounding), got {getattr(self, name)}")
+        if not self.min_ratings_per_user < self.median_ratings_per_user < self.mean_ratings_per_user:
+            raise ValueError("need min_ratings_per_user < median_ratings_per_user < mean_ratings_per_user")
+        if self.mean_ratings_per_user >= self.n_items:
+            raise ValueError("mean_ratings_per_user must be below n_items")
+        if not 0 <= self.n_test_users <= self.n_users or not 0 < self.test_items_per_user <= self.n_items:
+            raise ValueError("need n_test_users <= n_users and 0 < test_items_per_user <= n_items")
+
+
+def simulate_ratings(config: SimulatorConfig | None = None) -> RatingsData:
+    """Draw a ratings data set with known truth from ``config`` (default: Yahoo! R3-like).
+
+    Returns ``RatingsData`` named "synthetic" with the self-selected train ratings, the MCAR test
+    ratings, ``truth`` (dense int8 ratings of every cell) and in ``meta``: ``"oracle"`` (dense
+    E[rating | user, item] under the true model), ``"params"`` (the drawn and solved generating
+    parameters) and ``"config"`` (the config as a dict).
+    """
+    config = config or SimulatorConfig()
+    rng = np.random.default_rng(config.seed)
+    n_users, n_items = config.n_users, config.n_items
+
+    user_bias = rng.normal(0.0, np.sqrt(config.user_bias_var), n_users)
+    item_bias = rng.normal(0.0, np.sqrt(config.item_bias_var), n_items)
+    factor_sd = (config.interaction_var / config.rank) ** 0.25  # var(<P_u, Q_i>) = rank * sd**4
+    user_factors = rng.normal(0.0, factor_sd, (n_users, config.rank))
+    item_factors = rng.normal(0.0, factor_sd, (n_items, config.rank))
+    # Dense user x item arrays are float32 and temporaries are made per block of rows: at the
+    # default size, allocating a fresh full-size array costs more than computing it.
+    signal = (user_factors @ item_factors.T).astype(np.float32)
+    signal += user_bias[:, None].astype(np.float32)
+    signal += item_bias[None, :].astype(np.float32)
+
+    noise_sd = float(np.sqrt(config.noise_var))
+    score = rng.standard_normal(signal.shape, dtype=np.float32)
+    score *= noise_sd
+    score += signal
+    thresholds = _thresholds(score, _normalised(config.mcar_shares), rng)
+    truth = np.ones(signal.shape, dtype=np.int8)
+    for t in thresholds:
+        truth += score > t
+    oracle = _expected_rating(signal, thresholds, noise_sd)
+
+    n_rated = _ratings_per_user(config, rng)
+    popularity = config.popularity_floor + np.exp(config.popularity_sigma * rng.standard_normal(n_items))
+    race = rng.standard_exponential(dtype=np.float32, out=score)  # reuse: the score is no longer needed
+    propensity, train_mask = _select(truth, n_rated, popularity, race, _normalised(config.train_shares))
+    del race, score, signal
+
+    test_rows, test_cols = _mcar_cells(config, rng)
+    rows, cols = np.nonzero(train_mask)
+    shape = (n_users, n_items)
+    return RatingsData(
+        name="synthetic",
+        train=to_csr(rows, cols, truth[rows, cols], shape),
+        test=to_csr(test_rows, test_cols, truth[test_rows, test_cols], shape),
+        rating_scale=(1, len(config.mcar_shares)),
+        user_ids=np.arange(n_users),
+        item_ids=np.arange(n_items),
+        truth=truth,
+        meta={
+            "oracle": oracle,
+            "config": asdict(config),
+            "params": {
+                "user_bias": user_bias,
+                "item_bias": item_bias,
+                "user_factors": user_factors,
+                "item_factors": item_factors,
+                "noise_sd": float(noise_sd),
+                "thresholds": thresholds,
+                "ratings_per_user": n_rated,
+                "popularity": popularity,
+                "propensity": propensity,
+            },
+        },
+    )
+
+
+def _normalised(shares: ArrayLike) -> np.ndarray:
+    return np.asarray(shares, dtype=np.float64) / np.sum(shares)
+
+
+def _thresholds(score: np.ndarray, mcar_shares: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Score quantiles at the cumulative MCAR shares, from a large sample of cells (a full sort is slow)."""
+    flat = score.ravel()
+    sample = flat[rng.integers(0, flat.size, min(flat.size, 2_000_000))]
+    return np.quantile(sample, np.cumsum(mcar_shares)[:-1])
+
+
+def _expected_rating(signal: np.ndarray, thresholds: np.ndarray, noise_sd: float) -> np.ndarray:
+    """E[rating | signal] = 1 + sum_k Phi((signal - t_k) / noise_sd), as a float32 matrix.
+
+    The map is smooth in the signal, so it is tabulated on a fine grid and interpolated linearly
+    (error below 1e-5), far cheaper than evaluating the normal CDF per cell and threshold.
+    """
+    lo, hi = float(signal.min()), float(signal.max())
+    step = max(hi - lo, 1e-6) / _ORACLE_GRID
+    grid = lo + step * np.arange(_ORACLE_GRID + 2)
+    values = 1.0 + ndtr((grid[:, None] - thresholds[None, :]) / noise_sd).sum(axis=1)
+    slopes = np.diff(values)
+    oracle = np.empty(signal.shape, dtype=np.float32)
+    for rows in _row_blocks(signal.shape[0]):
+        position = (signal[rows] - lo) / step
+        cell = position.astype(np.intp)
+        oracle[rows] = values[cell] + (position - cell) * slopes[cell]
+    return oracle
+
+
+def _row_blocks(n_rows: int) -> list[slice]:
+    return [slice(start, start + _BLOCK_ROWS) for start in range(0, n_rows, _BLOCK_ROWS)]
+
+
+def _ratings_per_user(config: SimulatorConfig, rng: np.random.Generator) -> np.ndarray:
+    """min + a rounded log-normal whose median and mean are solved from the config's targets."""
+    excess_median = config.median_ratings_per_user - config.min_ratings_per_user
+    excess_mean = config.mean_ratings_per_user - config.min_ratings_per_user
+    sigma = np.sqrt(2.0 * np.log(excess_mean / excess_median))  # log-normal: mean / median = exp(sigma^2 / 2)
+    excess = np.rint(excess_median * np.exp(sigma * rng.standard_normal(config.n_users))).astype(np.int64)
+    return np.minimum(config.min_ratings_per_user + excess, config.n_items)
+
+
+def _select(
+    truth: np.ndarray, n_rated: np.ndarray, popularity: np.ndarray, race: np.ndarray, train_shares: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Solve the per-rating propensities and draw each user's rated items; returns (propensity, mask).
+
+    User u takes the ``n_rated[u]`` items with the smallest ``race / (popularity * propensity[r])``:
+    an exponential race, i.e. successive sampling without replacement proportional to that weight.
+    The propensities come from a with-replacement approximation of the expected train shares; its
+    target is then corrected a few times by the shares the race actually produces, keeping the best.
+    """
+    n_levels = len(train_shares)
+    mass = np.empty((len(n_rated), n_levels))  # popularity mass of each rating level per user
+    for rows in _row_blocks(len(n_rated)):
+        block = truth[rows]
+        codes = block.astype(np.intp) + (n_levels + 1) * np.arange(block.shape[0])[:, None]  # (row, rating) bins
+        weights = np.broadcast_to(popularity, block.shape).ravel()
+        mass[rows] = np.bincount(codes.ravel(), weights, (n_levels + 1) * block.shape[0]).reshape(-1, n_levels + 1)[:, 1:]
+    target, best_error, best = train_shares, np.inf, None
+    for _ in range(1 + _REALISED_ROUNDS):
+        propensity = _approximate_propensity(mass, n_rated, target)
+        mask = _race_winners(race, truth, popularity, propensity, n_rated)
+        realised = np.bincount(truth[mask], minlength=n_levels + 1)[1:] / mask.sum()
+        error = np.abs(realised - train_shares).max()
+        if error < best_error:
+            best_error, best = error, (propensity, mask)
+        # Bounded steps: with dense selection (few items per user) the targets can be out of reach.
+        target = _normalised(target * np.clip(train_shares / np.maximum(realised, 1e-12), 0.5, 2.0))
+    return best
+
+
+def _approximate_propensity(mass: np.ndarray, n_rated: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """Propensities whose expected train shares match ``target`` if users drew items with replacement."""
+    propensity = target.copy()
+    for _ in range(_APPROX_ROUNDS):
+        chosen = mass * propensity
+        expected = _normalised((n_rated[:, None] * chosen / chosen.sum(axis=1, keepdims=True)).sum(axis=0))
+        if np.allclose(expected, target, rtol=1e-6, atol=0.0):
+            break
+        propensity = _normalised(np.maximum(propensity * target / expected, 1e-12))  # floor: keys stay finite
+    return propensity
+
+
+def _race_winners(
+    race: np.ndarray, truth: np.ndarray, popularity: np.ndarray, propensity: np.ndarray, n_rated: np.ndarray
+) -> np.ndarray:
+    """Boolean mask of the ``n_rated[u]`` smallest keys ``race / (popularity * propensity[r])`` per row u."""
+    by_rating = np.concatenate([[np.nan], propensity]).astype(np.float32)  # indexed by rating 1..K
+    item_weight = popularity.astype(np.float32)
+    mask = np.empty(race.shape, dtype=bool)
+    for rows in _row_blocks(race.shape[0]):
+        keys = race[rows] / (by_rating[truth[rows]] * item_weight)
+        cut = np.sort(keys, axis=1)[np.arange(keys.shape[0]), n_rated[rows] - 1]
+        mask[rows] = keys <= cut[:, None]
+    return mask
+
+
+def _mcar_cells(config: SimulatorConfig, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Uniformly random distinct items for each of the first ``n_test_users`` users."""
+    k = config.test_items_per_user
+    draws = rng.random((config.n_test_users, config.n_items))
+    cols = np.argpartition(draws, k - 1, axis=1)[:, :k]
+    return np.repeat(np.arange(config.n_test_users), k), cols.ravel()

@@ -1,0 +1,103 @@
+"""Coat loader: the real files (when the shared copy is present) and malformed copies."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mnar_recsys.data import coat
+from mnar_recsys.data.coat import load_coat
+from mnar_recsys.data.files import ChecksumWarning
+
+# The shared copy sits beside the project root; MNAR_RECSYS_COAT_DIR overrides it (e.g. in a worktree).
+COAT_DIR = Path(
+    os.environ.get("MNAR_RECSYS_COAT_DIR", Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "coat")
+)
+
+
+@pytest.fixture(scope="module")
+def real_coat():
+    if not (COAT_DIR / "train.ascii").is_file():
+        pytest.skip(f"Coat data not found at {COAT_DIR} (see datasets/coat/README.md)")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ChecksumWarning)  # the shared copy is the published one
+        return load_coat(COAT_DIR)
+
+
+def test_real_coat_counts(real_coat):
+    assert real_coat.train.shape == real_coat.test.shape == (290, 300)
+    assert real_coat.train.nnz == 6_960 and real_coat.test.nnz == 4_640
+    assert real_coat.train.data.mean() == pytest.approx(2.61, abs=0.005)
+    assert real_coat.test.data.mean() == pytest.approx(2.23, abs=0.005)
+    assert set(np.unique(real_coat.train.data)) == {1, 2, 3, 4, 5}
+    assert np.all(np.diff(real_coat.train.indptr) == 24) and np.all(np.diff(real_coat.test.indptr) == 16)
+
+
+def write_coat(directory: Path, train: np.ndarray, test: np.ndarray) -> Path:
+    for name, matrix in (("train.ascii", train), ("test.ascii", test)):
+        lines = [" ".join(str(v) for v in row) for row in matrix]
+        (directory / name).write_bytes(("\r\n".join(lines) + "\r\n").encode())
+    return directory
+
+
+def small_coat(tmp_path: Path, rng_seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(rng_seed)
+    train = rng.integers(1, 6, coat.SHAPE) * (rng.random(coat.SHAPE) < 0.08)
+    test = rng.integers(1, 6, coat.SHAPE) * (rng.random(coat.SHAPE) < 0.05)
+    write_coat(tmp_path, train, test)
+    return train, test
+
+
+def load_quietly(data_dir: Path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ChecksumWarning)
+        return load_coat(data_dir)
+
+
+def test_round_trip_and_checksum_warning(tmp_path):
+    train, test = small_coat(tmp_path)
+    with pytest.warns(ChecksumWarning) as record:
+        data = load_coat(tmp_path)
+    messages = [str(w.message) for w in record]
+    for name in ("train.ascii", "test.ascii"):
+        assert any(f"{name}: sha256" in m and "differs from the published" in m for m in messages)
+    np.testing.assert_array_equal(data.train.toarray(), train)
+    np.testing.assert_array_equal(data.test.toarray(), test)
+    assert data.train.nnz == np.count_nonzero(train)
+
+
+def test_missing_file(tmp_path):
+    small_coat(tmp_path)
+    (tmp_path / "test.ascii").unlink()
+    with pytest.raises(FileNotFoundError, match=r"test\.ascii.*datasets/coat/README\.md"):
+        load_quietly(tmp_path)
+
+
+def test_wrong_number_of_lines(tmp_path):
+    train, test = small_coat(tmp_path)
+    write_coat(tmp_path, train[:-1], test)
+    with pytest.raises(ValueError, match=r"train\.ascii: expected 290 lines \(users\), found 289"):
+        load_quietly(tmp_path)
+
+
+def test_wrong_number_of_columns(tmp_path):
+    train, test = small_coat(tmp_path)
+    lines = (tmp_path / "test.ascii").read_bytes().decode().split("\r\n")
+    lines[6] += " 0"
+    (tmp_path / "test.ascii").write_bytes("\r\n".join(lines).encode())
+    with pytest.raises(ValueError, match=r"test\.ascii, line 7: expected 300 columns \(items\), found 301"):
+        load_quietly(tmp_path)
+
+
+@pytest.mark.parametrize("value", ["2.5", "x", "6", "-1"])
+def test_bad_value(tmp_path, value):
+    train, test = small_coat(tmp_path)
+    train = train.astype(object)
+    train[9, 4] = value
+    write_coat(tmp_path, train, test)
+    with pytest.raises(ValueError, match=rf"train\.ascii, line 10, column 5: expected 0 \(not rated\) or an integer rating 1\.\.5, found '{value}'"):
+        load_quietly(tmp_path)

@@ -1,0 +1,94 @@
+"""Synthetic MNAR simulator: Yahoo! R3-like aggregates on defaults, truth/oracle consistency, seeding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.special import ndtr
+
+from mnar_recsys.data.simulator import SimulatorConfig, simulate_ratings
+
+YAHOO_TRAIN_SHARES = [0.314, 0.127, 0.158, 0.156, 0.246]
+YAHOO_MCAR_SHARES = [0.526, 0.242, 0.144, 0.062, 0.026]
+SMALL = dict(n_users=1_500, n_items=400, n_test_users=500)
+
+
+def shares(values: np.ndarray) -> np.ndarray:
+    return np.bincount(values.astype(np.int64), minlength=6)[1:] / len(values)
+
+
+@pytest.fixture(scope="module")
+def default_data():
+    return simulate_ratings(SimulatorConfig())
+
+
+def test_default_rating_shares_look_like_yahoo(default_data):
+    np.testing.assert_allclose(shares(default_data.train.data), YAHOO_TRAIN_SHARES, atol=0.03)
+    np.testing.assert_allclose(shares(default_data.test.data), YAHOO_MCAR_SHARES, atol=0.03)
+    assert default_data.train.data.mean() == pytest.approx(2.89, abs=0.1)
+    assert default_data.test.data.mean() == pytest.approx(1.82, abs=0.1)
+
+
+def test_default_sizes_and_activity_look_like_yahoo(default_data):
+    assert default_data.train.shape == (15_400, 1_000)
+    per_user = np.diff(default_data.train.indptr)
+    assert per_user.min() == 10 and np.median(per_user) == 15
+    assert per_user.mean() == pytest.approx(20.2, abs=0.5)
+    assert 100 <= per_user.max() <= 1_000
+    per_item = np.bincount(default_data.train.indices, minlength=1_000)
+    assert 5 <= per_item.min() <= 40 and 120 <= np.median(per_item) <= 200 and per_item.max() >= 1_000
+    test_users = np.diff(default_data.test.indptr)
+    assert np.all(test_users[:5_400] == 10) and np.all(test_users[5_400:] == 0)
+
+
+def test_truth_matches_observed_entries(default_data):
+    for matrix in (default_data.train, default_data.test):
+        rows, cols = matrix.nonzero()
+        np.testing.assert_array_equal(default_data.truth[rows, cols], matrix[rows, cols].A1)
+    assert default_data.truth.min() == 1 and default_data.truth.max() == 5
+    # The truth itself is MCAR-distributed: a random cell has the MCAR shares.
+    np.testing.assert_allclose(shares(default_data.truth.ravel()), YAHOO_MCAR_SHARES, atol=0.01)
+
+
+def test_oracle_is_the_conditional_mean(default_data):
+    params = default_data.meta["params"]
+    signal = (
+        params["user_factors"][:50] @ params["item_factors"].T
+        + params["user_bias"][:50, None]
+        + params["item_bias"][None, :]
+    )
+    exact = 1 + ndtr((signal[..., None] - params["thresholds"]) / params["noise_sd"]).sum(axis=-1)
+    np.testing.assert_allclose(default_data.meta["oracle"][:50], exact, atol=1e-4)
+    # Being E[r | u, i], it beats the best constant on the MCAR test set.
+    users, items, ratings = default_data.test_triples()
+    oracle_mse = np.mean((default_data.meta["oracle"][users, items] - ratings) ** 2)
+    assert oracle_mse < 0.8 * np.var(ratings)
+
+
+def test_selection_favours_high_ratings(default_data):
+    propensity = default_data.meta["params"]["propensity"]
+    assert np.all(np.diff(propensity) > 0)
+
+
+def test_deterministic_given_seed():
+    first, second = simulate_ratings(SimulatorConfig(**SMALL, seed=7)), simulate_ratings(SimulatorConfig(**SMALL, seed=7))
+    assert (first.train != second.train).nnz == 0 and (first.test != second.test).nnz == 0
+    np.testing.assert_array_equal(first.truth, second.truth)
+    np.testing.assert_array_equal(first.meta["oracle"], second.meta["oracle"])
+    other = simulate_ratings(SimulatorConfig(**SMALL, seed=8))
+    assert not np.array_equal(first.truth, other.truth)
+
+
+def test_small_config_keeps_guarantees():
+    data = simulate_ratings(SimulatorConfig(**SMALL, test_items_per_user=5, seed=3))
+    assert data.train.shape == (1_500, 400)
+    assert np.diff(data.train.indptr).min() == 10
+    assert data.test.nnz == 500 * 5
+    np.testing.assert_allclose(shares(data.train.data), YAHOO_TRAIN_SHARES, atol=0.03)
+
+
+def test_invalid_config():
+    with pytest.raises(ValueError, match="train_shares must be positive and sum to 1"):
+        SimulatorConfig(train_shares=(0.5, 0.5, 0.5, 0.5, 0.5))
+    with pytest.raises(ValueError, match="min_ratings_per_user < median_ratings_per_user"):
+        SimulatorConfig(median_ratings_per_user=25.0)

@@ -1,0 +1,123 @@
+"""Generic triples loader: CSV/TSV files (header detected) and DataFrames, shared id map, bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from mnar_recsys.data.triples import load_triples
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_csv_with_header(tmp_path):
+    train = write(tmp_path / "train.csv", "user,item,rating\nalice,book,5\nbob,book,2\nbob,film,4\n")
+    test = write(tmp_path / "test.csv", "user,item,rating\nalice,film,1\n")
+    data = load_triples(train, test, name="toy")
+    assert data.name == "toy" and data.train.shape == (2, 2)
+    assert list(data.user_ids) == ["alice", "bob"] and list(data.item_ids) == ["book", "film"]
+    np.testing.assert_array_equal(data.train.toarray(), [[5, 0], [2, 4]])
+    np.testing.assert_array_equal(data.test.toarray(), [[0, 1], [0, 0]])
+
+
+def test_tsv_without_header_numeric_ids(tmp_path):
+    train = write(tmp_path / "train.tsv", "10\t7\t3\n2\t7\t1\n10\t30\t5\n")
+    test = write(tmp_path / "test.tsv", "2\t30\t2\n")
+    data = load_triples(train, test)
+    np.testing.assert_array_equal(data.user_ids, [2, 10])  # integer ids sort numerically
+    np.testing.assert_array_equal(data.item_ids, [7, 30])
+    assert data.train[1, 1] == 5 and data.test[0, 1] == 2
+
+
+def test_whitespace_separated(tmp_path):
+    train = write(tmp_path / "train.txt", "1 1 3\n2  1 4\n")
+    test = write(tmp_path / "test.txt", "2 1 1\n")
+    assert load_triples(train, test).train.nnz == 2
+
+
+def test_dataframes_share_the_train_id_map():
+    train = pd.DataFrame({"rating": [4, 2, 3], "user": ["u1", "u2", "u2"], "item": [5, 5, 9]})
+    test = pd.DataFrame([("u2", 9, 1)], columns=["a", "b", "c"])  # three unnamed columns: positional
+    data = load_triples(train, test, rating_scale=(1, 4))
+    np.testing.assert_array_equal(data.train.toarray(), [[4, 0], [2, 3]])
+    assert data.test[1, 1] == 1 and data.rating_scale == (1, 4)
+
+
+def test_dataframe_and_file_mix(tmp_path):
+    train = pd.DataFrame({"user": [1, 2], "item": [1, 1], "rating": [3.0, 4.0]})
+    test = write(tmp_path / "test.csv", "2,1,5\n")
+    assert load_triples(train, test).test[1, 0] == 5
+
+
+def test_test_user_unknown_to_train(tmp_path):
+    train = write(tmp_path / "train.csv", "user,item,rating\na,x,1\nb,x,2\n")
+    test = write(tmp_path / "test.csv", "user,item,rating\na,x,1\nc,x,2\n")
+    with pytest.raises(ValueError, match=r"test\.csv, line 3: user 'c' does not appear in the train data"):
+        load_triples(train, test)
+
+
+def test_test_item_unknown_to_train():
+    train = pd.DataFrame({"user": [1, 2], "item": [1, 1], "rating": [3, 4]})
+    test = pd.DataFrame({"user": [1, 2], "item": [1, 2], "rating": [3, 4]})
+    with pytest.raises(ValueError, match=r"test DataFrame, row 2: item 2 does not appear in the train data"):
+        load_triples(train, test)
+
+
+def test_wrong_column_count(tmp_path):
+    train = write(tmp_path / "train.csv", "1,1,3\n1,2,3,7\n")
+    with pytest.raises(ValueError, match=r"train\.csv, line 2: expected 3 columns .* ',', found 4"):
+        load_triples(train, train)
+
+
+def test_non_integer_rating_in_dataframe():
+    train = pd.DataFrame({"user": [1, 2], "item": [1, 1], "rating": [3.0, 3.5]})
+    with pytest.raises(ValueError, match=r"train DataFrame, row 2: rating 3\.5 is not an integer"):
+        load_triples(train, train)
+
+
+def test_missing_rating_in_dataframe():
+    train = pd.DataFrame({"user": [1, 2], "item": [1, 1], "rating": [3.0, None]})
+    with pytest.raises(ValueError, match=r"train DataFrame, row 2: rating nan is not an integer"):
+        load_triples(train, train)
+
+
+def test_rating_off_scale(tmp_path):
+    train = write(tmp_path / "train.csv", "user,item,rating\n1,1,3\n1,2,11\n")
+    with pytest.raises(ValueError, match=r"train\.csv, line 3: rating 11 is outside the rating scale 1\.\.10"):
+        load_triples(train, train, rating_scale=(1, 10))
+
+
+def test_duplicate_pair(tmp_path):
+    train = write(tmp_path / "train.csv", "a,x,1\nb,x,2\na,x,3\n")
+    with pytest.raises(ValueError, match=r"train\.csv, line 3: duplicate \(user, item\) pair \('a', 'x'\); first given on line 1"):
+        load_triples(train, train)
+
+
+def test_missing_id():
+    train = pd.DataFrame({"user": ["a", None], "item": ["x", "x"], "rating": [1, 2]})
+    with pytest.raises(ValueError, match=r"train DataFrame, row 2: user id is missing"):
+        load_triples(train, train)
+
+
+def test_rating_scale_must_start_at_one_or_more(tmp_path):
+    train = write(tmp_path / "train.csv", "1,1,0\n")
+    with pytest.raises(ValueError, match=r"rating_scale must be integers 1 <= low < high"):
+        load_triples(train, train, rating_scale=(0, 5))
+
+
+def test_dataframe_without_rating_columns():
+    frame = pd.DataFrame({"a": [1], "b": [1], "c": [1], "d": [1]})
+    with pytest.raises(ValueError, match=r"train DataFrame: expected columns user, item, rating"):
+        load_triples(frame, frame)
+
+
+def test_empty_file(tmp_path):
+    empty = write(tmp_path / "train.csv", "\n\n")
+    with pytest.raises(ValueError, match=r"train\.csv: no ratings found"):
+        load_triples(empty, empty)
