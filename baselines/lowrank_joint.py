@@ -7,6 +7,8 @@ information about which values tend to go missing into the low-rank fit of the d
 
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
 
@@ -14,7 +16,12 @@ from baselines._dense_checks import check_missing_data
 
 
 class LowRankJointImputer(TransformerMixin, BaseEstimator):
-    """Soft-impute of [standardised data, centred mask], with lambda chosen by hold-out.
+    """Soft-impute of [data, centred mask], with lambda chosen by hold-out.
+
+    With ``standardize`` (default) each data column is centred and scaled by its observed mean / sd, so
+    soft-impute shrinks towards the observed mean. With ``standardize=False`` the data are used as given
+    and shrunk towards 0: this is how the not-MIWAE paper's protocol feeds pre-standardised data, where 0
+    is the full-data mean, which the observed entries alone do not reveal under MNAR.
 
     ``fit`` hides a further ``holdout`` fraction of the observed data entries (at random, by
     ``random_state``), runs the soft-impute path over ``n_lambdas`` values of lambda from the largest
@@ -27,6 +34,7 @@ class LowRankJointImputer(TransformerMixin, BaseEstimator):
 
     def __init__(
         self,
+        standardize: bool = True,
         n_lambdas: int = 20,
         lambda_min_ratio: float = 1e-3,
         holdout: float = 0.05,
@@ -34,6 +42,7 @@ class LowRankJointImputer(TransformerMixin, BaseEstimator):
         tol: float = 1e-5,
         random_state: int | None = None,
     ):
+        self.standardize = standardize
         self.n_lambdas = n_lambdas
         self.lambda_min_ratio = lambda_min_ratio
         self.holdout = holdout
@@ -57,9 +66,12 @@ class LowRankJointImputer(TransformerMixin, BaseEstimator):
             raise ValueError(f"LowRankJointImputer: holdout must lie in (0, 1), got {self.holdout}")
         d = X.shape[1]
         self.n_features_in_ = d
-        self.center_ = np.nanmean(X, axis=0)
-        sd = np.nanstd(X, axis=0)
-        self.scale_ = np.where(sd > 0, sd, 1.0)
+        if self.standardize:
+            self.center_ = np.nanmean(X, axis=0)
+            sd = np.nanstd(X, axis=0)
+            self.scale_ = np.where(sd > 0, sd, 1.0)
+        else:
+            self.center_, self.scale_ = np.zeros(d), np.ones(d)
         self.mask_mean_ = (~np.isnan(X)).mean(axis=0)
 
         Y, observed = self._joint(X)
@@ -83,8 +95,7 @@ class LowRankJointImputer(TransformerMixin, BaseEstimator):
         X = check_missing_data(X, "LowRankJointImputer", fitting=False, n_features=self.n_features_in_)
         Y, observed = self._joint(X)
         path = _soft_impute_path(Y, observed, self._ratios()[: self.best_index_ + 1], self.max_iter, self.tol)
-        for Z in path:
-            pass  # warm starts along the path; only the last completion is wanted
+        Z = deque(path, maxlen=1)[0]  # warm starts along the path; only the last completion is wanted
         completed = Z[:, : self.n_features_in_] * self.scale_ + self.center_
         return np.where(np.isnan(X), completed, X)
 

@@ -116,3 +116,10 @@ def test_lowrank_holdout_selection(low_rank):
     assert model.best_index_ > 0  # lambda = sigma_max shrinks everything to zero, which cannot be best
     with pytest.raises(ValueError, match="holdout must lie in"):
         make_dense_imputer("lowrank-joint", holdout=0.0).fit(low_rank[2])
+
+
+def test_lowrank_without_standardizing_uses_data_as_given(low_rank):
+    model = make_dense_imputer("lowrank-joint", standardize=False, random_state=0).fit(low_rank[2])
+    np.testing.assert_array_equal(model.center_, 0.0)
+    np.testing.assert_array_equal(model.scale_, 1.0)
+    assert np.isfinite(model.transform(low_rank[2])).all()
