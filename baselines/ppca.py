@@ -39,7 +39,7 @@ class PPCAImputer(TransformerMixin, BaseEstimator):
 
     def fit(self, X, y=None) -> "PPCAImputer":
         X = check_missing_data(X, "PPCAImputer", fitting=True)
-        n, d = X.shape
+        d = X.shape[1]
         q = d - 1 if self.n_components is None else self.n_components
         if not 1 <= q < d:
             raise ValueError(f"PPCAImputer: n_components must be in 1..{d - 1} for {d} features, got {q}")
