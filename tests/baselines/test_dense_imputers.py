@@ -1,0 +1,125 @@
+"""Dense imputers: accuracy against mean imputation, Pipeline use, sklearn params, input errors, PPCA EM."""
+
+import warnings
+
+import numpy as np
+import pytest
+from sklearn.base import clone
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.linear_model import LinearRegression
+from sklearn.pipeline import Pipeline
+
+from baselines.dense_imputers import DENSE_IMPUTERS, PPCAImputer, make_dense_imputer
+from mnar_recsys.data.amputation import apply_mask, mcar
+
+FAST = {
+    "mean": {},
+    "mice": {"random_state": 0},
+    "missforest": {"n_estimators": 10, "max_iter": 3, "random_state": 0},
+    "ppca": {"n_components": 2},
+    "lowrank-joint": {"random_state": 0},
+}
+# imputation RMSE must be below this fraction of mean imputation's
+MAX_RATIO = {"mice": 0.8, "missforest": 0.8, "ppca": 0.5, "lowrank-joint": 0.5}
+
+
+@pytest.fixture(autouse=True)
+def _quiet_iterative_imputer():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)  # few MICE rounds on purpose, for speed
+        yield
+
+
+@pytest.fixture(scope="module")
+def low_rank():
+    """Rank-2 data with small noise and 20% of the entries missing completely at random."""
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((200, 2)) @ rng.standard_normal((2, 6)) + 0.1 * rng.standard_normal((200, 6))
+    mask = mcar(X, 0.2, seed=1)
+    return X, mask, apply_mask(X, mask)
+
+
+def _rmse(name, low_rank):
+    X, mask, Xm = low_rank
+    out = make_dense_imputer(name, **FAST[name]).fit_transform(Xm)
+    assert out.shape == X.shape and np.isfinite(out).all()
+    np.testing.assert_array_equal(out[mask == 1], X[mask == 1])
+    return np.sqrt(np.mean((out - X)[mask == 0] ** 2))
+
+
+@pytest.mark.parametrize("name", list(MAX_RATIO))
+def test_beats_mean_imputation(name, low_rank):
+    assert _rmse(name, low_rank) < MAX_RATIO[name] * _rmse("mean", low_rank)
+
+
+@pytest.mark.parametrize("name", list(DENSE_IMPUTERS))
+def test_in_pipeline_and_clone(name, low_rank):
+    X, _, Xm = low_rank
+    y = X[:, 0] + X[:, 1]
+    pipe = Pipeline([("impute", make_dense_imputer(name, **FAST[name])), ("model", LinearRegression())])
+    pipe.fit(Xm, y)
+    assert pipe.predict(Xm[:10]).shape == (10,)
+    imputer = make_dense_imputer(name, **FAST[name])
+    assert clone(imputer).get_params() == imputer.get_params()
+
+
+@pytest.mark.parametrize("name", list(DENSE_IMPUTERS))
+def test_all_missing_column_raises(name, low_rank):
+    Xm = low_rank[2].copy()
+    Xm[:, 3] = np.nan
+    with pytest.raises(ValueError, match=r"column\(s\) \[3\] are entirely missing"):
+        make_dense_imputer(name, **FAST[name]).fit(Xm)
+
+
+@pytest.mark.parametrize("name", list(DENSE_IMPUTERS))
+def test_transform_checks_width_and_infinities(name, low_rank):
+    Xm = low_rank[2]
+    imputer = make_dense_imputer(name, **FAST[name]).fit(Xm)
+    with pytest.raises(ValueError, match="X has 5 features, but the imputer was fitted on 6"):
+        imputer.transform(Xm[:, :5])
+    bad = Xm.copy()
+    bad[0, 0] = np.inf
+    with pytest.raises(ValueError, match="infinite values"):
+        imputer.transform(bad)
+
+
+def test_unknown_name():
+    with pytest.raises(ValueError, match="unknown dense imputer 'knn'"):
+        make_dense_imputer("knn")
+
+
+def test_ppca_loglik_non_decreasing(low_rank):
+    for q in (1, 2, 5):
+        ll = PPCAImputer(n_components=q, max_iter=100, tol=0.0).fit(low_rank[2]).loglik_
+        assert len(ll) == 100
+        assert np.all(np.diff(ll) >= -1e-8 * np.abs(ll[:-1]))
+
+
+def test_ppca_complete_data_matches_closed_form():
+    """Without missing values EM converges to Tipping & Bishop's closed-form maximum-likelihood s2."""
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((500, 3)) @ rng.standard_normal((3, 5)) + 0.3 * rng.standard_normal((500, 5))
+    model = PPCAImputer(n_components=2, max_iter=2000, tol=1e-12, scale=False).fit(X)
+    eigval = np.linalg.eigvalsh(np.cov(X, rowvar=False, bias=True))[::-1]
+    assert model.noise_variance_ == pytest.approx(eigval[2:].mean(), rel=1e-4)
+
+
+def test_ppca_bad_components(low_rank):
+    with pytest.raises(ValueError, match="n_components must be in 1..5 for 6 features, got 6"):
+        PPCAImputer(n_components=6).fit(low_rank[2])
+
+
+def test_lowrank_holdout_selection(low_rank):
+    model = make_dense_imputer("lowrank-joint", random_state=0).fit(low_rank[2])
+    assert model.cv_rmse_.shape == (20,)
+    assert model.cv_rmse_[model.best_index_] == model.cv_rmse_.min()
+    assert model.best_index_ > 0  # lambda = sigma_max shrinks everything to zero, which cannot be best
+    with pytest.raises(ValueError, match="holdout must lie in"):
+        make_dense_imputer("lowrank-joint", holdout=0.0).fit(low_rank[2])
+
+
+def test_lowrank_without_standardizing_uses_data_as_given(low_rank):
+    model = make_dense_imputer("lowrank-joint", standardize=False, random_state=0).fit(low_rank[2])
+    np.testing.assert_array_equal(model.center_, 0.0)
+    np.testing.assert_array_equal(model.scale_, 1.0)
+    assert np.isfinite(model.transform(low_rank[2])).all()
