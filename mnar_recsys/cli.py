@@ -1,0 +1,31 @@
+"""Command line: `mnar-recsys SUBCOMMAND ...`; each pipeline module registers its own subcommand."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# each module defines register(subparsers) which adds a parser whose `run` default takes the args
+PIPELINES = ("mnar_recsys.pipelines.demo",)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mnar-recsys", description=__doc__)
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for name in PIPELINES:
+        importlib.import_module(name).register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"mnar-recsys {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

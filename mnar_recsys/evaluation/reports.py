@@ -1,0 +1,95 @@
+"""Results files: atomic writes, with the provenance that makes a result reproducible."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from mnar_recsys import __version__
+
+
+def provenance() -> dict[str, Any]:
+    """Package version, git commit (when run from a checkout), library versions and machine."""
+    commit = None
+    try:
+        root = Path(__file__).resolve().parents[2]
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=5, check=True).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {"package_version": __version__, "commit": commit, "torch": torch.__version__, "numpy": np.__version__,
+            "python": platform.python_version(), "machine": platform.machine()}
+
+
+def write_atomic(path: str | Path, text: str) -> Path:
+    """Write `text` to `path` through a temporary file in the same folder, so no half-written file remains."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def write_json(path: str | Path, payload: Any) -> Path:
+    """Atomically write JSON (NumPy scalars and arrays, tuples and paths converted)."""
+    return write_atomic(path, json.dumps(_jsonable(payload), indent=2) + "\n")
+
+
+def save_figure(figure: Any, path: str | Path, dpi: int = 120) -> Path:
+    """Atomically save a matplotlib figure as PNG."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
+    os.close(fd)
+    try:
+        figure.savefig(tmp, dpi=dpi, bbox_inches="tight")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def summarise(values: list[float], error: str = "sd") -> str:
+    """'mean ± sd' (or ± standard error) of a list of numbers."""
+    array = np.asarray(values, dtype=float)
+    if array.size < 2:
+        return f"{array.mean():.3f}"
+    spread = array.std(ddof=1)
+    if error == "se":
+        spread /= np.sqrt(array.size)
+    return f"{array.mean():.3f} ± {spread:.3f}"
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"

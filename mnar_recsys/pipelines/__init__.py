@@ -1,0 +1,1 @@
+"""End-to-end pipelines behind the command line: data -> model -> evaluation -> results files."""

@@ -1,0 +1,87 @@
+"""The small synthetic self-masking demo: MIWAE vs not-MIWAE imputation RMSE on low-rank data.
+
+Data: rows of a rank-3 Gaussian model over `n_features` features, standardised; in the first half of
+the features a value goes missing when it is above the feature's mean (the paper's UCI protocol).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from mnar_recsys.data.amputation import apply_mask, paper_self_masking, standardize
+from mnar_recsys.inference.importance import ImportanceConfig, impute
+from mnar_recsys.models.config import ModelConfig, build_model
+from mnar_recsys.training.trainer import TrainConfig, fit
+
+
+@dataclass
+class DemoConfig:
+    n_rows: int = 2000
+    n_features: int = 10
+    rank: int = 3
+    noise: float = 0.3
+    iterations: int = 3000
+    n_samples: int = 20
+    importance_samples: int = 1000
+    seed: int = 0
+
+
+def low_rank_self_masked(config: DemoConfig) -> tuple[np.ndarray, np.ndarray]:
+    """(complete standardised data, the same with NaN where self-masked)."""
+    rng = np.random.default_rng(config.seed)
+    latent = rng.standard_normal((config.n_rows, config.rank))
+    loadings = rng.standard_normal((config.rank, config.n_features))
+    data = latent @ loadings + config.noise * rng.standard_normal((config.n_rows, config.n_features))
+    data, _, _ = standardize(data)
+    return data, apply_mask(data, paper_self_masking(data))
+
+
+def demo_model_config(n_features: int, missing: str) -> ModelConfig:
+    """The paper's UCI architecture: MLP encoder and decoder with 128 tanh units, latent p - 1,
+    per-row variances; 'self-masking-known' assumes large values go missing."""
+    return ModelConfig(n_features=n_features, latent_dim=n_features - 1, activation="tanh", encoder="mlp",
+                       decoder="gaussian", decoder_hidden=(128, 128), squash=None, variance="per_row",
+                       missing=missing, missing_sign=-1,
+                       missing_factor="sampled" if missing == "mcar" else "integrated")
+
+
+def run_demo(config: DemoConfig, progress: bool = False) -> dict[str, float]:
+    """Train the MIWAE and the not-MIWAE (self-masking, known sign); return their imputation RMSE."""
+    complete, observed = low_rank_self_masked(config)
+    results = {}
+    for name, missing in (("miwae", "mcar"), ("notmiwae", "self-masking-known")):
+        torch.manual_seed(config.seed)
+        model = build_model(demo_model_config(config.n_features, missing))
+        fit(model, observed, TrainConfig(iterations=config.iterations, batch_size=16, n_samples=config.n_samples,
+                                         seed=config.seed, progress=progress))
+        imputed = impute(model, observed, config=ImportanceConfig(n_samples=config.importance_samples,
+                                                                  seed=config.seed))
+        truth = complete[imputed.rows, imputed.cols]
+        results[name] = float(np.sqrt(np.mean((imputed.mean - truth) ** 2)))
+    results["mean_imputation"] = float(np.sqrt(np.mean(complete[np.isnan(observed)] ** 2)))
+    return results
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("demo", help="synthetic self-masking demo: MIWAE vs not-MIWAE imputation RMSE")
+    defaults = DemoConfig()
+    for field, value in asdict(defaults).items():
+        parser.add_argument(f"--{field.replace('_', '-')}", type=type(value), default=value)
+    parser.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    config = DemoConfig(**{f: getattr(args, f) for f in asdict(DemoConfig())})
+    start = time.perf_counter()
+    results = run_demo(config, progress=True)
+    print(f"imputation RMSE on self-masked entries ({config.n_rows} rows x {config.n_features} features, "
+          f"seed {config.seed}, {time.perf_counter() - start:.0f} s):")
+    for name, label in (("mean_imputation", "mean imputation"), ("miwae", "MIWAE"),
+                        ("notmiwae", "not-MIWAE (self-masking, known sign)")):
+        print(f"  {label:40s} {results[name]:.3f}")
+    return 0

@@ -1,0 +1,45 @@
+"""Save and load a model: its config as JSON beside its state dict (loaded with weights_only=True)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from mnar_recsys.evaluation.reports import write_json
+from mnar_recsys.models.config import ModelConfig, build_model
+from mnar_recsys.models.notmiwae import NotMIWAE
+
+CONFIG_FILE, STATE_FILE = "config.json", "state.pt"
+
+
+def save(model: NotMIWAE, config: ModelConfig, directory: str | Path, extra: dict | None = None) -> Path:
+    """Write config.json (the model config plus `extra`, e.g. the training config) and state.pt."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".state.", suffix=".tmp")
+    os.close(fd)
+    try:
+        torch.save(model.state_dict(), tmp)
+        os.replace(tmp, directory / STATE_FILE)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    write_json(directory / CONFIG_FILE, {"model": config.to_dict(), **(extra or {})})
+    return directory
+
+
+def load(directory: str | Path, map_location: str = "cpu") -> tuple[NotMIWAE, ModelConfig, dict]:
+    """Rebuild a saved model; return it, its config and the rest of config.json."""
+    directory = Path(directory)
+    for name in (CONFIG_FILE, STATE_FILE):
+        if not (directory / name).is_file():
+            raise FileNotFoundError(f"{directory / name} is missing: not a saved model directory")
+    meta = json.loads((directory / CONFIG_FILE).read_text())
+    config = ModelConfig(**meta.pop("model"))
+    model = build_model(config)
+    model.load_state_dict(torch.load(directory / STATE_FILE, map_location=map_location, weights_only=True))
+    return model.eval(), config, meta
