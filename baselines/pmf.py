@@ -4,8 +4,8 @@ Model: r_ui ~ N(mu + u_u·v_i, sigma^2), u_u ~ N(0, sigma_U^2 I), v_i ~ N(0, sig
 estimate minimises  sum_obs (r_ui - mu - u_u·v_i)^2 + lambda_u |U|_F^2 + lambda_v |V|_F^2  with
 lambda_u = sigma^2 / sigma_U^2 (likewise v). No user/item biases (as in the paper); ratings are centred
 by the train mean ``mu`` (the usual preprocessing, standing in for the paper's [0, 1] rescaling with a
-logistic link). Each half-step solves every user's (item's) ridge problem exactly and all at once:
-the Gram matrices sum_i v_i v_i^T come from one sparse product of the mask with the outer products.
+logistic link). Each half-step solves every user's (item's) ridge problem exactly and all at once
+(``baselines._als.ridge_rows``).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
+from baselines._als import ridge_rows
 from baselines._checks import check_fitted, check_pairs, check_ratings
 
 
@@ -35,21 +36,13 @@ class PMFConfig:
         seed: seeds the initialisation.
     """
 
-    n_factors: int = 10
+    n_factors: int = 20
     lambda_u: float = 5.0
     lambda_v: float = 5.0
     n_iters: int = 20
     init_std: float = 0.1
     rating_scale: tuple[float, float] | None = (1.0, 5.0)
     seed: int = 0
-
-
-def _ridge_rows(mask: sp.csr_matrix, resid: sp.csr_matrix, other: np.ndarray, lam: float) -> np.ndarray:
-    """For each row r solve (sum_{j in r} o_j o_j^T + lam I) x_r = sum_{j in r} resid_rj o_j."""
-    d = other.shape[1]
-    gram = (mask @ np.einsum("jf,jg->jfg", other, other).reshape(len(other), d * d)).reshape(-1, d, d)
-    gram += lam * np.eye(d)
-    return np.linalg.solve(gram, (resid @ other)[..., None])[..., 0]
 
 
 class ProbabilisticMF:
@@ -81,8 +74,8 @@ class ProbabilisticMF:
         rng = np.random.default_rng(cfg.seed)
         v = rng.normal(0.0, cfg.init_std, size=(train.shape[1], cfg.n_factors))
         for _ in range(cfg.n_iters):
-            u = _ridge_rows(mask, resid, v, cfg.lambda_u)
-            v = _ridge_rows(mask_t, resid_t, u, cfg.lambda_v)
+            u = ridge_rows(mask, resid, v, cfg.lambda_u)
+            v = ridge_rows(mask_t, resid_t, u, cfg.lambda_v)
 
         self.global_mean, self.user_factors, self.item_factors = mu, u, v
         return self
