@@ -9,9 +9,11 @@ it rarely binds for the Naive-Bayes estimate and guards against the mask model's
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import scipy.sparse as sp
+from sklearn.linear_model import LogisticRegression
 
 from baselines._checks import check_ratings
 
@@ -91,19 +93,12 @@ class MaskPropensityConfig:
     seed: int = 0
 
 
-def _platt(scores: np.ndarray, labels: np.ndarray, n_iter: int = 50) -> tuple[float, float]:
-    """Fit P(label=1) = sigmoid(a * score + b) by Newton's method (two parameters)."""
-    x = np.stack([scores, np.ones_like(scores)], axis=1)
-    theta = np.array([1.0, 0.0])
-    for _ in range(n_iter):
-        p = 1.0 / (1.0 + np.exp(-(x @ theta)))
-        grad = x.T @ (labels - p)
-        hess = (x * (p * (1 - p))[:, None]).T @ x + 1e-9 * np.eye(2)
-        step = np.linalg.solve(hess, grad)
-        theta += step
-        if np.abs(step).max() < 1e-8:
-            break
-    return float(theta[0]), float(theta[1])
+def _platt(scores: np.ndarray, labels: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """Fit P(label=1) = sigmoid(a * score + b); return the fitted map from scores to probabilities."""
+    # Standardised scores keep the (nearly unpenalised) fit well conditioned whatever the LMF scale.
+    loc, scale = scores.mean(), scores.std() + 1e-12
+    lr = LogisticRegression(C=1e6).fit(((scores - loc) / scale)[:, None], labels)
+    return lambda s: lr.predict_proba(((s - loc) / scale)[:, None])[:, 1]
 
 
 def mask_propensities(train: sp.csr_matrix, config: MaskPropensityConfig | None = None) -> np.ndarray:
@@ -138,9 +133,8 @@ def mask_propensities(train: sp.csr_matrix, config: MaskPropensityConfig | None 
     cells = rng.choice(n_cells, size=min(n_cells, cfg.calibration_cells), replace=False)
     cu, ci = np.divmod(cells, n_items)
     labels = np.asarray(mask[cu, ci]).ravel()
-    a, b = _platt(np.einsum("kf,kf->k", uf[cu], itf[ci]), labels)
+    calibrate = _platt(np.einsum("kf,kf->k", uf[cu], itf[ci]), labels)
 
     coo = train.tocoo()
-    score = np.einsum("kf,kf->k", uf[coo.row], itf[coo.col])
-    p = 1.0 / (1.0 + np.exp(-(a * score + b)))
+    p = calibrate(np.einsum("kf,kf->k", uf[coo.row], itf[coo.col]))
     return _clip(p, train.nnz / n_cells, cfg.min_relative)
