@@ -6,24 +6,29 @@ import numpy as np
 import scipy.sparse as sp
 
 
-def check_ratings(train: sp.spmatrix, what: str = "train") -> sp.csr_matrix:
-    """Return ``train`` as float64 CSR in canonical form (sorted, no duplicates), refusing empty or
-    non-finite rating matrices and explicit zeros (a stored entry is an observed rating).
+def check_ratings(train: sp.spmatrix, what: str = "train", keep_order: bool = False) -> sp.csr_matrix:
+    """Return ``train`` as float64 CSR in canonical form (sorted indices), refusing empty or non-finite
+    rating matrices, duplicate entries and explicit zeros (a stored entry is an observed rating).
 
-    Non-canonical input is refused rather than reordered, because per-rating ``sample_weight`` arrays
-    are aligned with ``train.data`` and silently reordering would misalign them.
+    With ``keep_order`` a matrix whose indices are unsorted is refused rather than reordered: per-rating
+    ``sample_weight`` arrays are aligned with ``train.data`` and reordering would misalign them.
     """
     if not sp.issparse(train):
         raise ValueError(f"{what} must be a scipy sparse matrix, got {type(train).__name__}")
-    csr = sp.csr_matrix(train, dtype=np.float64)
+    csr = sp.csr_matrix(train, dtype=np.float64, copy=True)
     if not csr.has_canonical_format:
-        raise ValueError(f"{what} must be in canonical CSR form (call .sum_duplicates() first)")
-    if (csr.data == 0).any():
-        raise ValueError(f"{what} stores explicit zeros; call .eliminate_zeros() (a stored entry is a rating)")
+        if keep_order:
+            raise ValueError(f"{what} must be in canonical CSR form (sorted indices) when weights are given")
+        nnz = csr.nnz
+        csr.sum_duplicates()
+        if csr.nnz != nnz:
+            raise ValueError(f"{what} stores duplicate (user, item) entries")
     if csr.nnz == 0:
         raise ValueError(f"{what} has no stored ratings")
     if not np.isfinite(csr.data).all():
         raise ValueError(f"{what} contains non-finite ratings")
+    if (csr.data == 0).any():
+        raise ValueError(f"{what} stores explicit zeros; call .eliminate_zeros() (a stored entry is a rating)")
     return csr
 
 

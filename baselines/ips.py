@@ -23,6 +23,7 @@ from baselines.propensities import (
     mask_propensities,
     naive_bayes_propensities,
 )
+from baselines.selection import split_entries
 
 
 def split_mcar_sample(test: sp.csr_matrix, fraction: float = 0.05, seed: int = 0) -> tuple[sp.csr_matrix, sp.csr_matrix]:
@@ -31,17 +32,7 @@ def split_mcar_sample(test: sp.csr_matrix, fraction: float = 0.05, seed: int = 0
     ``sample`` holds round(fraction * nnz) ratings (at least 1) for estimating P(Y=r); ``rest`` is what
     should be scored, so the propensity model never sees a scored rating.
     """
-    if not 0.0 < fraction < 1.0:
-        raise ValueError(f"fraction must be in (0, 1), got {fraction}")
-    test = check_ratings(test, "test")
-    take = np.zeros(test.nnz, dtype=bool)
-    take[np.random.default_rng(seed).choice(test.nnz, size=max(1, int(round(fraction * test.nnz))), replace=False)] = True
-    coo = test.tocoo()
-
-    def part(sel: np.ndarray) -> sp.csr_matrix:
-        return sp.csr_matrix((coo.data[sel], (coo.row[sel], coo.col[sel])), shape=test.shape)
-
-    return part(take), part(~take)
+    return split_entries(test, fraction, seed)
 
 
 class IPSMatrixFactorization(MatrixFactorization):

@@ -24,7 +24,8 @@ class PMFConfig:
     """Hyper-parameters of PMF.
 
     Defaults chosen by a 10% validation split of the Coat *train* ratings
-    (``baselines.selection.select_config``), never the MCAR test.
+    (``baselines.selection.select_config``), never the MCAR test: over n_factors {5, 10, 20} x
+    lambda_u = lambda_v {1, 3, 5, 10, 20, 40} the best was 20 / 5 (validation MSE 1.316).
 
     Attributes:
         n_factors: latent dimension.

@@ -69,4 +69,17 @@ def test_mf_refuses_misaligned_weights():
         MatrixFactorization().fit(train, sample_weight=np.array([1.0, 0.0, 1.0, 1.0]))
     unsorted = sp.csr_matrix((np.array([3.0, 1.0]), np.array([2, 0]), np.array([0, 2])), shape=(1, 3))
     with pytest.raises(ValueError, match="canonical"):
-        MatrixFactorization().fit(unsorted)
+        MatrixFactorization().fit(unsorted, sample_weight=np.ones(2))
+    assert MatrixFactorization(n_factors=1).fit(unsorted).predict(np.array([0]), np.array([2])).shape == (1,)
+    duplicated = sp.csr_matrix((np.array([3.0, 1.0]), np.array([2, 2]), np.array([0, 2])), shape=(1, 3))
+    with pytest.raises(ValueError, match="duplicate"):
+        MatrixFactorization().fit(duplicated)
+
+
+def test_validation_selection_uses_train_only(mcar_data):
+    from baselines.selection import select_config, validation_split
+
+    fit, val = validation_split(mcar_data.train, fraction=0.1, seed=0)
+    assert fit.nnz + val.nnz == mcar_data.train.nnz and fit.multiply(val).nnz == 0
+    best, scores = select_config(ProbabilisticMF, mcar_data.train, [{"lambda_u": 5.0, "lambda_v": 5.0}, {"lambda_u": 1e4, "lambda_v": 1e4}])
+    assert best == {"lambda_u": 5.0, "lambda_v": 5.0} and len(scores) == 2
