@@ -62,12 +62,14 @@ def naive_bayes_propensities(
         raise ValueError(f"pseudo_count must be >= 0, got {pseudo_count}")
     levels = np.union1d(train.data, mcar_sample.data)
 
-    def dist(values: np.ndarray) -> np.ndarray:
+    def dist(values: np.ndarray, what: str) -> np.ndarray:
         counts = np.array([(values == r).sum() for r in levels], dtype=np.float64) + pseudo_count
+        if (counts == 0).any():
+            raise ValueError(f"{what} lacks rating levels {levels[counts == 0]}; use pseudo_count > 0")
         return counts / counts.sum()
 
     density = train.nnz / (train.shape[0] * train.shape[1])
-    p = dist(train.data) * density / dist(mcar_sample.data)
+    p = dist(train.data, "train") * density / dist(mcar_sample.data, "mcar_sample")
     return RatingPropensities(levels, _clip(p, density, min_relative))
 
 

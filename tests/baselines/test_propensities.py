@@ -24,6 +24,8 @@ def test_naive_bayes_hand_computed_and_clipped():
     np.testing.assert_allclose(nb.propensity, [1 / 3 * 3 / 8 / (4 / 5), 1.0])  # 2/3*3/8*5 = 1.25 -> clipped to 1
     floor = naive_bayes_propensities(train, sample, pseudo_count=0.0, min_relative=1.0)
     assert floor.propensity.min() == pytest.approx(3 / 8)
+    with pytest.raises(ValueError, match="lacks rating levels"):
+        naive_bayes_propensities(train, sp.csr_matrix(np.array([[1.0, 0.0]])), pseudo_count=0.0)
 
 
 def test_mask_propensities_follow_item_popularity():
