@@ -1,0 +1,65 @@
+"""Input validation shared by the baselines: one place for the error messages."""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+
+def check_ratings(train: sp.spmatrix, what: str = "train", keep_order: bool = False) -> sp.csr_matrix:
+    """Return ``train`` as float64 CSR in canonical form (sorted indices), refusing empty or non-finite
+    rating matrices, duplicate entries and explicit zeros (a stored entry is an observed rating).
+
+    With ``keep_order`` a matrix whose indices are unsorted is refused rather than reordered: per-rating
+    ``sample_weight`` arrays are aligned with ``train.data`` and reordering would misalign them.
+    """
+    if not sp.issparse(train):
+        raise ValueError(f"{what} must be a scipy sparse matrix, got {type(train).__name__}")
+    csr = sp.csr_matrix(train, dtype=np.float64, copy=True)
+    if not csr.has_canonical_format:
+        if keep_order:
+            raise ValueError(f"{what} must be in canonical CSR form (sorted indices) when weights are given")
+        nnz = csr.nnz
+        csr.sum_duplicates()
+        if csr.nnz != nnz:
+            raise ValueError(f"{what} stores duplicate (user, item) entries")
+    if csr.nnz == 0:
+        raise ValueError(f"{what} has no stored ratings")
+    if not np.isfinite(csr.data).all():
+        raise ValueError(f"{what} contains non-finite ratings")
+    if (csr.data == 0).any():
+        raise ValueError(f"{what} stores explicit zeros; call .eliminate_zeros() (a stored entry is a rating)")
+    return csr
+
+
+def check_pairs(users: np.ndarray, items: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Validate (user, item) index arrays against a fitted ``shape``; return them as int64."""
+    users = np.asarray(users)
+    items = np.asarray(items)
+    if users.shape != items.shape:
+        raise ValueError(f"users shape {users.shape} != items shape {items.shape}")
+    for arr, n, label in ((users, shape[0], "user"), (items, shape[1], "item")):
+        if arr.size and not np.issubdtype(arr.dtype, np.integer):
+            raise ValueError(f"{label} indices must be integers, got dtype {arr.dtype}")
+        if arr.size and (arr.min() < 0 or arr.max() >= n):
+            raise ValueError(f"{label} index out of range [0, {n}): min {arr.min()}, max {arr.max()}")
+    return users.astype(np.int64), items.astype(np.int64)
+
+
+def check_sample_weight(sample_weight: np.ndarray | None, nnz: int) -> np.ndarray:
+    """Per-rating weights aligned with ``train.data`` (CSR order), rescaled to mean 1 (ones if None)."""
+    if sample_weight is None:
+        return np.ones(nnz)
+    w = np.asarray(sample_weight, dtype=np.float64)
+    if w.shape != (nnz,):
+        raise ValueError(f"sample_weight must have shape ({nnz},) to match the stored ratings, got {w.shape}")
+    if not np.isfinite(w).all() or (w <= 0).any():
+        raise ValueError("sample_weight must be finite and strictly positive")
+    # Only relative weights matter; mean 1 keeps the L2 strength comparable with unweighted fits.
+    return w / w.mean()
+
+
+def check_fitted(obj: object, attr: str) -> None:
+    """Raise if ``obj.fit`` has not run yet."""
+    if getattr(obj, attr, None) is None:
+        raise ValueError(f"{type(obj).__name__} is not fitted; call fit(train) first")

@@ -1,0 +1,91 @@
+"""MF-IPS (Schnabel et al., ICML 2016): biased MF whose squared loss weighs each observed rating by
+1 / P(O_ui = 1), making the training loss an unbiased estimate of the loss over all cells.
+
+Two named variants:
+- ``mf-ips``: Naive-Bayes propensities P(O=1 | Y=r), which need a small MCAR sample. The sample is
+  passed explicitly, to the constructor or to ``fit(train, mcar_sample=...)``; split it off the MCAR
+  test with ``split_mcar_sample`` and score on the rest only.
+- ``mf-ips-mask``: propensities from a logistic MF of the observation mask alone; needs no MCAR data.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import scipy.sparse as sp
+
+from baselines._checks import check_ratings
+from baselines.mf import MatrixFactorization, MFConfig
+from baselines.propensities import (
+    DEFAULT_MIN_RELATIVE,
+    MaskPropensityConfig,
+    mask_propensities,
+    naive_bayes_propensities,
+)
+from baselines.selection import split_entries
+
+
+def split_mcar_sample(test: sp.csr_matrix, fraction: float = 0.05, seed: int = 0) -> tuple[sp.csr_matrix, sp.csr_matrix]:
+    """Split the MCAR test ratings uniformly at random into (sample, rest), both of the test's shape.
+
+    ``sample`` holds round(fraction * nnz) ratings (at least 1) for estimating P(Y=r); ``rest`` is what
+    should be scored, so the propensity model never sees a scored rating.
+    """
+    return split_entries(test, fraction, seed)
+
+
+class IPSMatrixFactorization(MatrixFactorization):
+    """MF trained with inverse-propensity weights (Recommender protocol).
+
+    Args:
+        propensity: ``"naive-bayes"`` (name ``mf-ips``) or ``"mask"`` (name ``mf-ips-mask``).
+        config: MF hyper-parameters (``MFConfig``; same defaults as plain MF, so the two differ only
+            in the weights), or keyword overrides of its fields.
+        mcar_sample: MCAR ratings for the Naive-Bayes variant; may instead be given to ``fit``.
+        min_relative: propensity clip, see ``baselines.propensities``.
+        mask_config: settings of the mask model (``mask`` variant); its seed follows ``config.seed``
+            unless given.
+    """
+
+    def __init__(
+        self,
+        propensity: Literal["naive-bayes", "mask"] = "naive-bayes",
+        config: MFConfig | None = None,
+        mcar_sample: sp.csr_matrix | None = None,
+        min_relative: float = DEFAULT_MIN_RELATIVE,
+        mask_config: MaskPropensityConfig | None = None,
+        **overrides: object,
+    ) -> None:
+        if propensity not in ("naive-bayes", "mask"):
+            raise ValueError(f"propensity must be 'naive-bayes' or 'mask', got {propensity!r}")
+        if propensity == "mask" and mcar_sample is not None:
+            raise ValueError("the 'mask' variant uses no MCAR data; do not pass mcar_sample")
+        super().__init__(config, **overrides)
+        self.propensity = propensity
+        self.name = "mf-ips" if propensity == "naive-bayes" else "mf-ips-mask"
+        self.mcar_sample = mcar_sample
+        self.min_relative = min_relative
+        self.mask_config = mask_config or MaskPropensityConfig(min_relative=min_relative, seed=self.config.seed)
+        self.train_propensities: np.ndarray | None = None
+
+    def fit(self, train: sp.csr_matrix, mcar_sample: sp.csr_matrix | None = None) -> "IPSMatrixFactorization":
+        """Estimate a propensity for every stored rating of ``train``, then fit MF with weights 1 / p.
+
+        ``mcar_sample`` (Naive-Bayes variant only) overrides the one given to the constructor; it must
+        have ``train``'s shape and should be disjoint from the ratings later scored.
+        """
+        train = check_ratings(train)
+        if self.propensity == "naive-bayes":
+            sample = mcar_sample if mcar_sample is not None else self.mcar_sample
+            if sample is None:
+                raise ValueError("mf-ips needs an MCAR sample: pass mcar_sample to the constructor or fit()")
+            if sample.shape != train.shape:
+                raise ValueError(f"mcar_sample shape {sample.shape} != train shape {train.shape}")
+            p = naive_bayes_propensities(train, sample, min_relative=self.min_relative)(train.data)
+        else:
+            if mcar_sample is not None:
+                raise ValueError("the 'mask' variant uses no MCAR data; do not pass mcar_sample")
+            p = mask_propensities(train, self.mask_config)
+        self.train_propensities = p
+        return super().fit(train, sample_weight=1.0 / p)

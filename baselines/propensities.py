@@ -1,0 +1,142 @@
+"""Propensity estimators P(O_ui = 1) for inverse-propensity scoring (Schnabel et al., ICML 2016).
+
+Clipping: every estimate is clipped to [min_relative * density, 1], where density = nnz / (users x
+items) is the overall observed fraction. With the default ``min_relative = 0.1`` no observed rating
+weighs more than 10x what a uniformly observed cell would, which bounds the variance of the IPS loss;
+it rarely binds for the Naive-Bayes estimate and guards against the mask model's outliers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import scipy.sparse as sp
+from sklearn.linear_model import LogisticRegression
+
+from baselines._checks import check_ratings
+
+DEFAULT_MIN_RELATIVE = 0.1
+
+
+def _clip(p: np.ndarray, density: float, min_relative: float) -> np.ndarray:
+    if not 0.0 < min_relative <= 1.0:
+        raise ValueError(f"min_relative must be in (0, 1], got {min_relative}")
+    return np.clip(p, min_relative * density, 1.0)
+
+
+@dataclass(frozen=True)
+class RatingPropensities:
+    """P(O = 1 | Y = r) for each rating value r in ``ratings`` (sorted)."""
+
+    ratings: np.ndarray
+    propensity: np.ndarray
+
+    def __call__(self, y: np.ndarray) -> np.ndarray:
+        """Propensity of each rating in ``y``; raises on a value that has no estimate."""
+        y = np.asarray(y)
+        pos = np.searchsorted(self.ratings, y)
+        pos_c = np.minimum(pos, len(self.ratings) - 1)
+        if (self.ratings[pos_c] != y).any():
+            raise ValueError(f"ratings {np.setdiff1d(y, self.ratings)} have no propensity estimate")
+        return self.propensity[pos_c]
+
+
+def naive_bayes_propensities(
+    train: sp.csr_matrix,
+    mcar_sample: sp.csr_matrix,
+    pseudo_count: float = 1.0,
+    min_relative: float = DEFAULT_MIN_RELATIVE,
+) -> RatingPropensities:
+    """Naive-Bayes propensities P(O=1 | Y=r) = P(Y=r | O=1) P(O=1) / P(Y=r).
+
+    P(Y=r | O=1) and P(O=1) come from the MNAR ``train``; P(Y=r) from the small ``mcar_sample`` (e.g.
+    5% of the MCAR test, see ``baselines.ips.split_mcar_sample``). Both rating distributions get
+    ``pseudo_count`` added per level so that a level absent from the small sample cannot divide by 0.
+    Levels are the rating values seen in either matrix. Clipped as described in the module docstring.
+    """
+    train = check_ratings(train)
+    mcar_sample = check_ratings(mcar_sample, "mcar_sample")
+    if pseudo_count < 0:
+        raise ValueError(f"pseudo_count must be >= 0, got {pseudo_count}")
+    levels = np.union1d(train.data, mcar_sample.data)
+
+    def dist(values: np.ndarray, what: str) -> np.ndarray:
+        counts = np.array([(values == r).sum() for r in levels], dtype=np.float64) + pseudo_count
+        if (counts == 0).any():
+            raise ValueError(f"{what} lacks rating levels {levels[counts == 0]}; use pseudo_count > 0")
+        return counts / counts.sum()
+
+    density = train.nnz / (train.shape[0] * train.shape[1])
+    p = dist(train.data, "train") * density / dist(mcar_sample.data, "mcar_sample")
+    return RatingPropensities(levels, _clip(p, density, min_relative))
+
+
+@dataclass
+class MaskPropensityConfig:
+    """Logistic MF of the observation mask (``implicit.cpu.lmf``, Johnson 2014), then calibration.
+
+    Attributes follow ``implicit``'s defaults (factors 30, lr 1.0, 30 iterations, 30 negatives per
+    positive) except ``regularization``: 3.0 rather than 0.6, chosen by the AUC of held-out observed
+    cells (10% of the Coat train mask) against never-observed ones (0.774 vs 0.690); the default
+    memorises the mask and calls most observed cells certain. One thread keeps the Hogwild updates
+    reproducible.
+    ``calibration_cells`` caps the uniformly sampled cells used to calibrate the scores.
+    """
+
+    factors: int = 30
+    learning_rate: float = 1.0
+    regularization: float = 3.0
+    iterations: int = 30
+    neg_prop: int = 30
+    calibration_cells: int = 2_000_000
+    min_relative: float = DEFAULT_MIN_RELATIVE
+    seed: int = 0
+
+
+def _platt(scores: np.ndarray, labels: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """Fit P(label=1) = sigmoid(a * score + b); return the fitted map from scores to probabilities."""
+    # Standardised scores keep the (nearly unpenalised) fit well conditioned whatever the LMF scale.
+    loc, scale = scores.mean(), scores.std() + 1e-12
+    lr = LogisticRegression(C=1e6).fit(((scores - loc) / scale)[:, None], labels)
+    return lambda s: lr.predict_proba(((s - loc) / scale)[:, None])[:, 1]
+
+
+def mask_propensities(train: sp.csr_matrix, config: MaskPropensityConfig | None = None) -> np.ndarray:
+    """P(O_ui = 1) for each stored entry of ``train`` (aligned with ``train.data``), from the mask alone.
+
+    ``implicit``'s logistic MF is trained with negative sampling, so its scores rank cells but are not
+    calibrated probabilities; a Platt scaling sigmoid(a * score + b), fitted on uniformly sampled cells
+    (whose labels are the mask itself), maps them to P(O=1). Needs no MCAR data. Clipped as described in
+    the module docstring.
+    """
+    from implicit.cpu.lmf import LogisticMatrixFactorization
+
+    cfg = config or MaskPropensityConfig()
+    train = check_ratings(train)
+    mask = train.copy()
+    mask.data[:] = 1.0
+    lmf = LogisticMatrixFactorization(
+        factors=cfg.factors,
+        learning_rate=cfg.learning_rate,
+        regularization=cfg.regularization,
+        iterations=cfg.iterations,
+        neg_prop=cfg.neg_prop,
+        num_threads=1,
+        random_state=cfg.seed,
+    )
+    lmf.fit(mask.astype(np.float32), show_progress=False)
+    uf, itf = np.asarray(lmf.user_factors, dtype=np.float64), np.asarray(lmf.item_factors, dtype=np.float64)
+
+    n_users, n_items = train.shape
+    n_cells = n_users * n_items
+    rng = np.random.default_rng(cfg.seed)
+    cells = rng.choice(n_cells, size=min(n_cells, cfg.calibration_cells), replace=False)
+    cu, ci = np.divmod(cells, n_items)
+    labels = np.asarray(mask[cu, ci]).ravel()
+    calibrate = _platt(np.einsum("kf,kf->k", uf[cu], itf[ci]), labels)
+
+    coo = train.tocoo()
+    p = calibrate(np.einsum("kf,kf->k", uf[coo.row], itf[coo.col]))
+    return _clip(p, train.nnz / n_cells, cfg.min_relative)

@@ -1,0 +1,85 @@
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from baselines.mf import MatrixFactorization, MFConfig
+from baselines.pmf import PMFConfig, ProbabilisticMF
+from mnar_recsys.evaluation.metrics import mse
+
+MODELS = [MatrixFactorization, ProbabilisticMF]
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_recovers_low_rank_better_than_global_mean(model, mcar_data):
+    u, i, y = mcar_data.all_cells()
+    train = mcar_data.train
+    baseline = mse(y, np.full_like(y, train.data.mean()))
+    assert mse(y, model().fit(train).predict(u, i)) < 0.3 * baseline
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_same_seed_same_fit_and_predictions_in_scale(model, mcar_data):
+    u, i, _ = mcar_data.all_cells()
+    a = model(seed=3).fit(mcar_data.train).predict(u, i)
+    b = model(seed=3).fit(mcar_data.train).predict(u, i)
+    np.testing.assert_array_equal(a, b)
+    assert a.min() >= 1.0 and a.max() <= 5.0
+
+
+def test_config_and_overrides_agree():
+    assert MatrixFactorization(MFConfig(l2=0.5), seed=2).config == MFConfig(l2=0.5, seed=2)
+    assert ProbabilisticMF(n_factors=4).config == PMFConfig(n_factors=4)
+    with pytest.raises(TypeError):
+        MatrixFactorization(not_a_field=1)
+
+
+def test_sample_weight_changes_the_fit(mcar_data):
+    train = mcar_data.train
+    u, i, _ = mcar_data.all_cells()
+    # Up-weighting the 5s must raise predictions on average.
+    w = np.where(train.data == 5, 10.0, 1.0)
+    plain = MatrixFactorization().fit(train).predict(u, i)
+    weighted = MatrixFactorization().fit(train, sample_weight=w).predict(u, i)
+    assert weighted.mean() > plain.mean() + 0.1
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_bad_input_is_refused(model):
+    train = sp.csr_matrix(np.array([[1.0, 0.0, 3.0], [0.0, 5.0, 2.0]]))
+    with pytest.raises(ValueError, match="not fitted"):
+        model().predict(np.array([0]), np.array([0]))
+    with pytest.raises(ValueError, match="no stored ratings"):
+        model().fit(sp.csr_matrix((2, 3)))
+    with pytest.raises(ValueError, match="sparse"):
+        model().fit(train.toarray())
+    fitted = model(n_factors=2).fit(train)
+    with pytest.raises(ValueError, match="item index out of range"):
+        fitted.predict(np.array([0]), np.array([3]))
+    with pytest.raises(ValueError, match="user index out of range"):
+        fitted.predict(np.array([-1]), np.array([0]))
+    with pytest.raises(ValueError, match="users shape"):
+        fitted.predict(np.array([0, 1]), np.array([0]))
+
+
+def test_mf_refuses_misaligned_weights():
+    train = sp.csr_matrix(np.array([[1.0, 0.0, 3.0], [0.0, 5.0, 2.0]]))
+    with pytest.raises(ValueError, match="sample_weight must have shape"):
+        MatrixFactorization().fit(train, sample_weight=np.ones(3))
+    with pytest.raises(ValueError, match="strictly positive"):
+        MatrixFactorization().fit(train, sample_weight=np.array([1.0, 0.0, 1.0, 1.0]))
+    unsorted = sp.csr_matrix((np.array([3.0, 1.0]), np.array([2, 0]), np.array([0, 2])), shape=(1, 3))
+    with pytest.raises(ValueError, match="canonical"):
+        MatrixFactorization().fit(unsorted, sample_weight=np.ones(2))
+    assert MatrixFactorization(n_factors=1).fit(unsorted).predict(np.array([0]), np.array([2])).shape == (1,)
+    duplicated = sp.csr_matrix((np.array([3.0, 1.0]), np.array([2, 2]), np.array([0, 2])), shape=(1, 3))
+    with pytest.raises(ValueError, match="duplicate"):
+        MatrixFactorization().fit(duplicated)
+
+
+def test_validation_selection_uses_train_only(mcar_data):
+    from baselines.selection import select_config, validation_split
+
+    fit, val = validation_split(mcar_data.train, fraction=0.1, seed=0)
+    assert fit.nnz + val.nnz == mcar_data.train.nnz and fit.multiply(val).nnz == 0
+    best, scores = select_config(ProbabilisticMF, mcar_data.train, [{"lambda_u": 5.0, "lambda_v": 5.0}, {"lambda_u": 1e4, "lambda_v": 1e4}])
+    assert best == {"lambda_u": 5.0, "lambda_v": 5.0} and len(scores) == 2

@@ -1,0 +1,60 @@
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from baselines.ips import IPSMatrixFactorization, split_mcar_sample
+from baselines.mf import MatrixFactorization
+from mnar_recsys.evaluation.metrics import mse
+
+
+def test_true_propensities_undo_selection_bias(mnar_data):
+    u, i, y = mnar_data.all_cells()
+    naive = MatrixFactorization().fit(mnar_data.train).predict(u, i)
+    ips = MatrixFactorization().fit(mnar_data.train, sample_weight=1 / mnar_data.true_propensities_of_train()).predict(u, i)
+    # Self-selection of high ratings makes naive MF over-predict; IPS removes most of that.
+    assert naive.mean() > y.mean() + 0.5
+    assert abs(ips.mean() - y.mean()) < 0.5 * (naive.mean() - y.mean())
+    assert mse(y, ips) < 0.75 * mse(y, naive)
+
+
+def test_mf_ips_naive_bayes_beats_mf(mnar_data):
+    u, i, y = mnar_data.all_cells()
+    sample = mnar_data.mcar_test(0.02, seed=0)
+    naive = mse(y, MatrixFactorization().fit(mnar_data.train).predict(u, i))
+    by_ctor = IPSMatrixFactorization("naive-bayes", mcar_sample=sample).fit(mnar_data.train)
+    by_fit = IPSMatrixFactorization("naive-bayes").fit(mnar_data.train, mcar_sample=sample)
+    np.testing.assert_array_equal(by_ctor.predict(u, i), by_fit.predict(u, i))
+    assert by_ctor.name == "mf-ips"
+    assert mse(y, by_ctor.predict(u, i)) < 0.75 * naive
+
+
+def test_mf_ips_mask_runs_without_mcar_data(mnar_data):
+    u, i, y = mnar_data.all_cells()
+    model = IPSMatrixFactorization("mask").fit(mnar_data.train)
+    assert model.name == "mf-ips-mask"
+    assert model.train_propensities.shape == (mnar_data.train.nnz,)
+    assert mse(y, model.predict(u, i)) < mse(y, np.full_like(y, mnar_data.train.data.mean()))
+
+
+def test_ips_argument_errors(mnar_data):
+    with pytest.raises(ValueError, match="needs an MCAR sample"):
+        IPSMatrixFactorization("naive-bayes").fit(mnar_data.train)
+    with pytest.raises(ValueError, match="uses no MCAR data"):
+        IPSMatrixFactorization("mask", mcar_sample=mnar_data.train)
+    with pytest.raises(ValueError, match="propensity must be"):
+        IPSMatrixFactorization("oracle")
+    with pytest.raises(ValueError, match="mcar_sample shape"):
+        IPSMatrixFactorization("naive-bayes").fit(mnar_data.train, mcar_sample=sp.csr_matrix(np.ones((2, 2))))
+
+
+def test_split_mcar_sample_partitions_the_test():
+    test = sp.random(50, 40, density=0.3, format="csr", random_state=0)
+    test.data = np.ceil(test.data * 5)
+    sample, rest = split_mcar_sample(test, fraction=0.05, seed=1)
+    assert sample.nnz == round(0.05 * test.nnz) and sample.nnz + rest.nnz == test.nnz
+    assert (sample + rest != test).nnz == 0
+    assert sample.multiply(rest).nnz == 0
+    again, _ = split_mcar_sample(test, fraction=0.05, seed=1)
+    assert (again != sample).nnz == 0
+    with pytest.raises(ValueError, match="fraction"):
+        split_mcar_sample(test, fraction=1.0)
