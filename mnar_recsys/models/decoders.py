@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mnar_recsys.models.encoders import mlp
+from mnar_recsys.models.quadrature import gauss_hermite
 
 Params = tuple[torch.Tensor, ...]
 
@@ -77,6 +78,7 @@ class GaussianDecoder(ObservationModel):
         if variance == "per_row" and mean_net is not None:
             raise ValueError("variance='per_row' needs the dense trunk, not a custom mean_net")
         self.squash = squash
+        self.quadrature_points = quadrature_points
         self.variance = variance
         self.min_variance = min_variance
         if mean_net is None:
@@ -91,22 +93,19 @@ class GaussianDecoder(ObservationModel):
             nn.init.constant_(self.var_head.bias, 0.5413)
         else:
             self.raw_var = nn.Parameter(torch.full((n_features if variance == "shared" else 1,), 0.5413))
-        nodes, weights = np.polynomial.hermite.hermgauss(quadrature_points)
-        self.register_buffer("gh_nodes", torch.tensor(nodes * math.sqrt(2.0), dtype=torch.float32), persistent=False)
-        self.register_buffer("gh_logw", torch.tensor(np.log(weights / math.sqrt(math.pi)), dtype=torch.float32),
-                             persistent=False)
+        nodes, weights = gauss_hermite(quadrature_points)
+        self.register_buffer("gh_nodes", torch.tensor(nodes), persistent=False)
+        self.register_buffer("gh_logw", torch.tensor(weights).log(), persistent=False)
 
     def forward(self, z: torch.Tensor) -> Params:
         loc = self.mean_net(z)
         if self.squash is not None:
             lo, hi = self.squash
             loc = lo + (hi - lo) * torch.sigmoid(loc)
-        if self.variance == "per_row":
-            raw = self.var_head(self.trunk(z))
-        else:
-            raw = self.raw_var.expand_as(loc)
+        # shared variances are computed once per feature and broadcast, not once per (row, sample)
+        raw = self.var_head(self.trunk(z)) if self.variance == "per_row" else self.raw_var
         scale = torch.sqrt(F.softplus(raw) + self.min_variance)
-        return loc, scale
+        return loc, scale.expand_as(loc)
 
     def log_prob(self, params: Params, x: torch.Tensor) -> torch.Tensor:
         loc, scale = params

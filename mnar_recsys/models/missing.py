@@ -3,7 +3,8 @@
 `log_prob(x, mask)` scores a mask (1 = observed) given completed rows x of shape (..., p).
 Per-feature models (`per_feature = True`) compute logit_j from x_j alone through
 `feature_logits(x, features)`, elementwise with `features` giving each value's feature index; that is
-what lets the model integrate x_m out feature by feature.
+what lets the model integrate x_m out feature by feature. All but `FixedFunction` are affine in x_j
+(`feature_affine`), which gives the Gaussian decoder a fast quadrature.
 """
 
 from __future__ import annotations
@@ -39,7 +40,12 @@ class MissingModel(nn.Module):
         return self.feature_logits(x, features)
 
     def feature_logits(self, x: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError(f"{type(self).__name__} is not a per-feature missing model")
+        slope, intercept = self.feature_affine(features)
+        return slope * x + intercept
+
+    def feature_affine(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(slope, intercept) with logit_j = slope_j x_j + intercept_j, for the given feature indices."""
+        raise NotImplementedError(f"{type(self).__name__} has no per-feature affine logit")
 
     def log_prob(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return bernoulli_log_prob(self.logits(x), mask)
@@ -70,8 +76,8 @@ class SelfMasking(MissingModel):
         self.weight = nn.Parameter(torch.zeros(n_features))
         self.bias = nn.Parameter(torch.zeros(n_features))
 
-    def feature_logits(self, x: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        return self.weight[features] * x + self.bias[features]
+    def feature_affine(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.weight[features], self.bias[features]
 
     def initialise(self, observed_fraction: np.ndarray, center: float) -> None:
         with torch.no_grad():
@@ -95,8 +101,9 @@ class SelfMaskingKnownSign(MissingModel):
         self.raw_weight = nn.Parameter(torch.zeros(n_features))
         self.offset = nn.Parameter(torch.zeros(n_features))
 
-    def feature_logits(self, x: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        return self.sign * F.softplus(self.raw_weight[features]) * (x - self.offset[features])
+    def feature_affine(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        slope = self.sign * F.softplus(self.raw_weight[features])
+        return slope, -slope * self.offset[features]
 
     def initialise(self, observed_fraction: np.ndarray, center: float) -> None:
         with torch.no_grad():
@@ -125,8 +132,8 @@ class ItemwiseLogistic(MissingModel):
     def weight(self) -> torch.Tensor:
         return self.raw_weight if self.sign is None else self.sign * F.softplus(self.raw_weight)
 
-    def feature_logits(self, x: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        return self.weight * x + self.bias[features]
+    def feature_affine(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.weight, self.bias[features]
 
     def initialise(self, observed_fraction: np.ndarray, center: float) -> None:
         with torch.no_grad():
@@ -174,8 +181,9 @@ class FixedLogistic(MissingModel):
         super().__init__()
         self.weight, self.offset = float(weight), float(offset)
 
-    def feature_logits(self, x: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        return self.weight * (x - self.offset)
+    def feature_affine(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        slope = torch.tensor(self.weight, device=features.device)
+        return slope, -slope * self.offset
 
 
 class FixedFunction(MissingModel):

@@ -11,8 +11,9 @@ from torch import nn
 
 from mnar_recsys.data.rows import RowBatch
 from mnar_recsys.models.bound import BoundTerms, importance_weighted_bound
-from mnar_recsys.models.decoders import ObservationModel, Params
-from mnar_recsys.models.missing import MissingModel
+from mnar_recsys.models.decoders import GaussianDecoder, ObservationModel, Params
+from mnar_recsys.models.missing import FixedFunction, MissingModel
+from mnar_recsys.models.quadrature import log_expected_sigmoid
 
 MISSING_FACTORS = ("sampled", "integrated")
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
@@ -93,8 +94,25 @@ class NotMIWAE(nn.Module):
 
         `features` gives the feature index of each entry of params (default: the last axis is all features).
         """
-        nodes, log_w = self.decoder.quadrature(params)
+        decoder, model = self.decoder, self.missing_model
         if features is None:
-            features = torch.arange(nodes.shape[-2], device=nodes.device)
-        logits = self.missing_model.feature_logits(nodes, features[..., None])
+            features = torch.arange(self.n_features, device=params[0].device)
+        if isinstance(decoder, GaussianDecoder) and not isinstance(model, FixedFunction):
+            slope, intercept = model.feature_affine(features)
+            loc, scale = params
+            return log_expected_sigmoid(slope * loc + intercept, slope.abs() * _compact(scale),
+                                        decoder.quadrature_points)
+        nodes, log_w = decoder.quadrature(params)
+        support = getattr(decoder, "support", None)
+        if support is not None and features.dim() <= 1:
+            # discrete nodes do not depend on z: score them once per (feature, level)
+            logits = model.feature_logits(support, features[:, None])
+            return torch.logsumexp(log_w + F.logsigmoid(-logits), dim=-1)
+        logits = model.feature_logits(nodes, features[..., None])
         return torch.logsumexp(log_w + F.logsigmoid(-logits), dim=-1)
+
+
+def _compact(t: torch.Tensor) -> torch.Tensor:
+    """Undo broadcasting: keep one copy along every axis with stride 0 (a shared variance stays (1, 1, p))."""
+    return t[tuple(slice(0, 1) if stride == 0 and size > 1 else slice(None)
+                   for stride, size in zip(t.stride(), t.shape))]

@@ -1,0 +1,143 @@
+"""Speed and memory of the core engine at the paper's Yahoo! R3 shape.
+
+Prints, each measured in its own process (so peak memory is its own):
+  1. seconds per 1,000 training iterations (15,400 x 1,000 sparse rows, ~20 observed per row, batch 100,
+     K = 20, latent 30, embedding 20, code 50), with sampled and with integrated x_m;
+  2. the imputation of 5,400 rows x 10 held-out items with K = 10,000 (integrated x_m); by default on
+     --impute-rows rows and scaled linearly to 5,400 (the work is per row), --impute-rows 5400 for all;
+  3. the set encoder's sparse segment-sum path against a dense masked one, and a training step from CSR
+     rows against the same rows given dense with NaN, at 1,000 and 10,000 items with 20 observed per row.
+Targets on the 2-core machine: <= 10 s per 1,000 iterations, <= 30 s for the imputation.
+
+    python bench/core_speed.py [--iterations 1000] [--impute-rows 270]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import resource
+import time
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from mnar_recsys.data.rows import as_rows
+from mnar_recsys.inference.importance import ImportanceConfig, impute
+from mnar_recsys.models.config import ModelConfig, build_model
+from mnar_recsys.training.trainer import TrainConfig, fit
+
+USERS, ITEMS, PER_ROW, TEST_USERS, TEST_ITEMS = 15_400, 1_000, 20, 5_400, 10
+
+
+def yahoo_shaped(n_rows: int, n_items: int, per_row: int, seed: int = 0) -> sp.csr_matrix:
+    rng = np.random.default_rng(seed)
+    cols = np.argsort(rng.random((n_rows, n_items)), axis=1)[:, :per_row].ravel()
+    rows = np.repeat(np.arange(n_rows), per_row)
+    return sp.csr_matrix((rng.integers(1, 6, rows.size).astype(np.float32), (rows, cols)), shape=(n_rows, n_items))
+
+
+def peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def train_seconds(missing_factor: str, iterations: int) -> dict:
+    data = yahoo_shaped(USERS, ITEMS, PER_ROW)
+    model = build_model(ModelConfig(n_features=ITEMS, missing_factor=missing_factor))
+    start = time.perf_counter()
+    fit(model, data, TrainConfig(iterations=iterations, progress=False))
+    seconds = time.perf_counter() - start
+    return {"per_1000": seconds * 1000 / iterations, "peak_mib": peak_mib()}
+
+
+def impute_seconds(n_rows: int, n_samples: int) -> dict:
+    data = yahoo_shaped(n_rows, ITEMS, PER_ROW)
+    rng = np.random.default_rng(1)
+    targets = np.argsort(rng.random((n_rows, ITEMS)), axis=1)[:, :TEST_ITEMS]
+    model = build_model(ModelConfig(n_features=ITEMS))
+    start = time.perf_counter()
+    impute(model, data, np.repeat(np.arange(n_rows), TEST_ITEMS), targets.ravel(),
+           config=ImportanceConfig(n_samples=n_samples))
+    return {"seconds": time.perf_counter() - start, "peak_mib": peak_mib()}
+
+
+def _dense_set_encoder(encoder, values: torch.Tensor, mask: torch.Tensor):
+    """The set encoder written densely over all items: what the segment sums avoid."""
+    weight_e, weight_x = encoder.shared.weight[:, :-1], encoder.shared.weight[:, -1]
+    item_code = encoder.embedding @ weight_e.T + encoder.shared.bias
+    per_entry = encoder.activation(item_code[None] + values[..., None] * weight_x)  # (B, p, C)
+    return encoder.head((per_entry * mask[..., None]).sum(1))
+
+
+def _time(step, repeats: int) -> float:
+    step()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        step()
+    return (time.perf_counter() - start) / repeats
+
+
+def sparse_vs_dense(n_items: int, repeats: int = 20) -> dict:
+    csr = yahoo_shaped(100, n_items, PER_ROW)
+    dense = csr.toarray()
+    dense[dense == 0] = np.nan
+    model = build_model(ModelConfig(n_features=n_items, missing_factor="integrated"))
+    sparse_rows, dense_rows = as_rows(csr), as_rows(dense)
+    index = np.arange(100)
+    batch = sparse_rows.batch(index)
+
+    def encoder_sparse():
+        model.encoder(batch)[0].sum().backward()
+
+    def encoder_dense():
+        _dense_set_encoder(model.encoder, batch.values, batch.mask)[0].sum().backward()
+
+    def step(rows):
+        return lambda: model.bound(rows.batch(index), 20).mean().backward()
+
+    return {"encoder_sparse": _time(encoder_sparse, repeats), "encoder_dense": _time(encoder_dense, repeats),
+            "step_csr": _time(step(sparse_rows), 5), "step_dense": _time(step(dense_rows), 5)}
+
+
+def _run(queue, function, args):
+    queue.put(function(*args))
+
+
+def isolated(function, *args) -> dict:
+    """Run a measurement in a fresh process so its peak memory is its own."""
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    process = context.Process(target=_run, args=(queue, function, args))
+    process.start()
+    result = queue.get()
+    process.join()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--iterations", type=int, default=1000)
+    parser.add_argument("--impute-rows", type=int, default=270)
+    parser.add_argument("--importance-samples", type=int, default=10_000)
+    args = parser.parse_args()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    for factor in ("sampled", "integrated"):
+        r = isolated(train_seconds, factor, args.iterations)
+        print(f"training, {factor:10s} x_m: {r['per_1000']:7.1f} s per 1,000 iterations "
+              f"(target 10; ratio {r['per_1000'] / 10:.1f}x), peak {r['peak_mib']:.0f} MiB")
+    r = isolated(impute_seconds, args.impute_rows, args.importance_samples)
+    scaled = r["seconds"] * TEST_USERS / args.impute_rows
+    print(f"imputation, K = {args.importance_samples}: {r['seconds']:.1f} s for {args.impute_rows} rows -> "
+          f"{scaled:.0f} s for {TEST_USERS} rows x {TEST_ITEMS} items (target 30; ratio {scaled / 30:.1f}x), "
+          f"peak {r['peak_mib']:.0f} MiB")
+    for n_items in (1_000, 10_000):
+        r = isolated(sparse_vs_dense, n_items)
+        print(f"{n_items:6d} items, {PER_ROW} observed per row: set encoder sparse {r['encoder_sparse'] * 1e3:.2f} ms "
+              f"vs dense {r['encoder_dense'] * 1e3:.2f} ms (dense/sparse {r['encoder_dense'] / r['encoder_sparse']:.1f}x); "
+              f"training step from CSR {r['step_csr'] * 1e3:.1f} ms vs dense NaN rows {r['step_dense'] * 1e3:.1f} ms "
+              f"(ratio {r['step_dense'] / r['step_csr']:.2f})")
+
+
+if __name__ == "__main__":
+    main()
