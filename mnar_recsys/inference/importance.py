@@ -77,7 +77,7 @@ def _conditional_mean(model: NotMIWAE, params: Params, cols: torch.Tensor, obser
     same quadrature nodes, the exact per-feature posterior given z_k; otherwise the decoder mean
     (Rao-Blackwellised as in the paper, the weights carrying the sampled x_m).
     """
-    if model.missing_factor != "integrated" or model.missing_model.is_mcar:
+    if not _tilt_applies(model):
         return model.decoder.mean(params)
     nodes, log_w = model.decoder.quadrature(params)
     logits = model.missing_model.feature_logits(nodes, cols[:, None, :, None])
@@ -86,23 +86,83 @@ def _conditional_mean(model: NotMIWAE, params: Params, cols: torch.Tensor, obser
     return (tilt * nodes).sum(-1)
 
 
-def _mixture_median(model: NotMIWAE, alpha: torch.Tensor, params: Params, iterations: int = 40) -> torch.Tensor:
+def _posterior_draws(model: NotMIWAE, params: Params, cols: torch.Tensor, observed: torch.Tensor,
+                     max_rounds: int = 200) -> torch.Tensor:
+    """Draws from p(x_j | z_k, s_j) for resampled z_k: params (B, M, T, ...) -> (B, M, T).
+
+    With a per-feature missing model this is the decoder tilted by Pr(s_j | x_j), drawn exactly by
+    rejection (propose from p(x_j | z_k), accept with probability Pr(s_j | x_j) <= 1); a coupled
+    missing model (agnostic, nonlinear) cannot be tilted feature by feature and the decoder is used.
+    """
+    draws = model.decoder.sample(params)
+    if not _tilt_applies(model):
+        return draws
+    sign = (2 * observed - 1)[:, None, :]
+    features = cols[:, None, :]
+    pending = torch.ones_like(draws, dtype=torch.bool)
+    for _ in range(max_rounds):
+        accept_p = torch.sigmoid(sign * model.missing_model.feature_logits(draws, features))
+        pending &= torch.rand_like(accept_p) >= accept_p
+        if not pending.any():
+            break
+        draws = torch.where(pending, model.decoder.sample(params), draws)
+    # entries still pending after max_rounds have tilt mass below ~1/max_rounds and keep an untilted draw
+    return draws
+
+
+def _tilt_applies(model: NotMIWAE) -> bool:
+    return model.missing_factor == "integrated" and model.missing_model.per_feature and not model.missing_model.is_mcar
+
+
+def _component_cdf(model: NotMIWAE, params: Params, cols: torch.Tensor, observed: torch.Tensor,
+                   x: torch.Tensor, legendre_points: int = 8) -> torch.Tensor:
+    """CDF of each component at x (B, 1, T) -> (B, K, T): the decoder's, tilted by Pr(s_j | x_j) when the
+    missing factor is integrated (the same per-sample posterior the conditional mean uses).
+
+    The tilted CDF ∫_{-inf}^x p(t|z) Pr(s|t) dt / Pr(s|z) is taken on the probability scale,
+    t = F^{-1}(u), by Gauss-Legendre over u in [0, F(x)]; discrete decoders sum their levels exactly.
+    """
+    decoder = model.decoder
+    if not _tilt_applies(model):
+        return decoder.cdf(params, x)
+    sign = (2 * observed - 1)[:, None, :]
+    features = cols[:, None, :]
+    nodes, log_w = decoder.quadrature(params)
+    accept = torch.sigmoid(sign[..., None] * model.missing_model.feature_logits(nodes, features[..., None]))
+    normaliser = (log_w.exp() * accept).sum(-1)
+    support = getattr(decoder, "support", None)
+    if support is not None:
+        return (log_w.exp() * accept * (nodes <= x[..., None])).sum(-1) / normaliser
+    loc, scale = params
+    upper = decoder.cdf(params, x)
+    g, w = np.polynomial.legendre.leggauss(legendre_points)
+    total = torch.zeros_like(upper)
+    for node, weight in zip(g.tolist(), w.tolist()):
+        u = (upper * (1 + node) / 2).clamp(1e-7, 1 - 1e-7)
+        t = loc + scale * math.sqrt(2.0) * torch.erfinv(2 * u - 1)
+        total += weight / 2 * torch.sigmoid(sign * model.missing_model.feature_logits(t, features))
+    return upper * total / normaliser
+
+
+def _mixture_median(model: NotMIWAE, alpha: torch.Tensor, params: Params, cols: torch.Tensor,
+                    observed: torch.Tensor, iterations: int = 40) -> torch.Tensor:
     """Solve Σ_k α_k F(x | z_k) = 0.5 for each target: alpha (B, K), params (B, K, T, ...) -> (B, T)."""
     decoder = model.decoder
 
     def mixture_cdf(x: torch.Tensor) -> torch.Tensor:
-        return (alpha[:, :, None] * decoder.cdf(params, x[:, None, :])).sum(1)
+        return (alpha[:, :, None] * _component_cdf(model, params, cols, observed, x[:, None, :])).sum(1)
 
     support = getattr(decoder, "support", None)
     if support is not None:
-        cdf = torch.stack([mixture_cdf(torch.full_like(params[0][:, 0, :, 0] if params[0].dim() == 4
-                                                       else params[0][:, 0], float(level)))
+        cdf = torch.stack([mixture_cdf(torch.full(cols.shape, float(level), device=cols.device))
                            for level in support], dim=-1)
         return support[(cdf < 0.5 - 1e-6).sum(-1).clamp(max=len(support) - 1)]
-    # a mixture's median lies between its components' medians (their means, for symmetric components)
+    # bracket: the decoder's components' medians (their means, for symmetric components), widened by
+    # a few scales so that tilted components stay inside
     centres = decoder.mean(params).masked_fill(alpha[:, :, None] <= 0, float("nan"))
-    lo = torch.nan_to_num(centres, nan=float("inf")).amin(1)
-    hi = torch.nan_to_num(centres, nan=float("-inf")).amax(1)
+    spread = 8 * params[1].amax(1) if len(params) > 1 else 0.0
+    lo = torch.nan_to_num(centres, nan=float("inf")).amin(1) - spread
+    hi = torch.nan_to_num(centres, nan=float("-inf")).amax(1) + spread
     for _ in range(iterations):
         mid = 0.5 * (lo + hi)
         below = mixture_cdf(mid) < 0.5
@@ -231,11 +291,11 @@ def _impute_chunk(model: NotMIWAE, batch: RowBatch, cols: torch.Tensor, methods:
         alpha = torch.softmax(torch.cat(kept_log_w, 1), dim=1)
         params = tuple(torch.cat(parts, 1) for parts in zip(*kept_params))
         if "median" in methods:
-            out["median"] = _mixture_median(model, alpha, params).cpu().numpy()
+            out["median"] = _mixture_median(model, alpha, params, cols, observed).cpu().numpy()
         if "multiple" in methods:
             picks = torch.multinomial(alpha, config.n_imputations, replacement=True)  # (B, M)
             chosen = tuple(t[torch.arange(t.shape[0])[:, None], picks] for t in params)
-            out["multiple"] = model.decoder.sample(chosen).permute(1, 0, 2).cpu().numpy()
+            out["multiple"] = _posterior_draws(model, chosen, cols, observed).permute(1, 0, 2).cpu().numpy()
     return out
 
 
