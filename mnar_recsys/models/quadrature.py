@@ -29,39 +29,36 @@ class _LogExpectedSigmoid(torch.autograd.Function):
     def forward(ctx, mean: torch.Tensor, sd: torch.Tensor, nodes: list[float], weights: list[float]):
         neg_mean = -mean
         total = torch.zeros(torch.broadcast_shapes(mean.shape, sd.shape), dtype=mean.dtype, device=mean.device)
-        buffer = torch.empty_like(total)
-        for t, w in zip(nodes, weights):
-            torch.sub(neg_mean, sd, alpha=t, out=buffer)
-            buffer.sigmoid_()
-            total.add_(buffer, alpha=w)
-        ctx.save_for_backward(mean, sd, total)
-        ctx.quadrature = (nodes, weights)
-        # the floor only matters for entries missing with probability below 1e-38, where the model is absurd
-        return total.clamp_min(torch.finfo(total.dtype).tiny).log()
-
-    @staticmethod
-    def backward(ctx, grad_out: torch.Tensor):
-        mean, sd, total = ctx.saved_tensors
-        nodes, weights = ctx.quadrature
-        neg_mean = -mean
-        grad_mean = torch.zeros_like(total)
-        grad_sd = torch.zeros_like(total) if ctx.needs_input_grad[1] else None
         sig = torch.empty_like(total)
-        slope = torch.empty_like(total)
+        needs_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        # the gradient's sums are gathered here, while each σ_h is at hand, rather than recomputed later
+        slope_sum = torch.zeros_like(total) if needs_grad else None
+        slope_t_sum = torch.zeros_like(total) if ctx.needs_input_grad[1] else None
+        slope = torch.empty_like(total) if needs_grad else None
         for t, w in zip(nodes, weights):
             torch.sub(neg_mean, sd, alpha=t, out=sig)
             sig.sigmoid_()
-            torch.mul(sig, sig, out=slope)
-            torch.sub(sig, slope, out=slope)  # σ (1 - σ)
-            grad_mean.add_(slope, alpha=w)
-            if grad_sd is not None:
-                grad_sd.add_(slope, alpha=w * t)
-        scale = grad_out / total.clamp_min(torch.finfo(total.dtype).tiny)
-        grad_mean = -(grad_mean * scale)
-        if grad_sd is not None:
-            grad_sd = -(grad_sd * scale)
-            grad_sd = grad_sd.sum_to_size(sd.shape)
-        return grad_mean.sum_to_size(mean.shape), grad_sd, None, None
+            total.add_(sig, alpha=w)
+            if needs_grad:
+                torch.addcmul(sig, sig, sig, value=-1.0, out=slope)  # σ (1 - σ)
+                slope_sum.add_(slope, alpha=w)
+                if slope_t_sum is not None:
+                    slope_t_sum.add_(slope, alpha=w * t)
+        total.clamp_min_(torch.finfo(total.dtype).tiny)
+        if needs_grad:
+            ctx.save_for_backward(total, slope_sum, slope_t_sum)
+            ctx.shapes = (mean.shape, sd.shape)
+        # the floor only matters for entries missing with probability below 1e-38, where the model is absurd
+        return total.log()
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        total, slope_sum, slope_t_sum = ctx.saved_tensors
+        mean_shape, sd_shape = ctx.shapes
+        scale = -grad_out / total
+        grad_mean = (slope_sum * scale).sum_to_size(mean_shape) if ctx.needs_input_grad[0] else None
+        grad_sd = (slope_t_sum * scale).sum_to_size(sd_shape) if ctx.needs_input_grad[1] else None
+        return grad_mean, grad_sd, None, None
 
 
 def log_expected_sigmoid(mean: torch.Tensor, sd: torch.Tensor, n_points: int = 8) -> torch.Tensor:
