@@ -47,6 +47,17 @@ def test_bound_refuses_fewer_than_one_sample(model):
         model.bound(batch, 0)
 
 
+def test_bound_refuses_rows_with_another_number_of_features(model):
+    """The bound itself checks the feature count: with the set encoder and MCAR, 3-feature rows would otherwise
+    give a 4-feature model a bound without complaint."""
+    torch.manual_seed(0)
+    miwae = build_model(ModelConfig(n_features=4, latent_dim=2, embedding_dim=3, code_dim=5, missing="mcar"))
+    batch = as_rows(np.array([[1.0, 2.0, np.nan]])).batch(np.arange(1))
+    for candidate in (model, miwae):
+        with pytest.raises(ValueError, match="model has 4 features but the batch has 3"):
+            candidate.bound(batch, 3)
+
+
 @pytest.mark.parametrize("field", ["batch_size", "iterations"])
 def test_train_config_refuses_fewer_than_one(field):
     with pytest.raises(ValueError, match=f"{field} must be at least 1, got 0"):
