@@ -54,6 +54,8 @@ class NotMIWAE(nn.Module):
         """Draw K samples per row and compute the bound's four log-terms."""
         if n_samples < 1:
             raise ValueError(f"the number of importance samples K must be at least 1, got {n_samples}")
+        if batch.n_features != self.n_features:
+            raise ValueError(f"the model has {self.n_features} features but the batch has {batch.n_features}")
         mu, logvar = self.encoder(batch)
         std = torch.exp(0.5 * logvar)
         eps = torch.randn(mu.shape[0], n_samples, mu.shape[1], device=mu.device)

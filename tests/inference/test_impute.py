@@ -1,0 +1,118 @@
+"""Importance-sampling imputation: the methods' outputs, their targets, and a posterior known in closed form."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from mnar_recsys.inference.importance import ImportanceConfig, _mixture_median, impute
+from mnar_recsys.models.config import ModelConfig, build_model
+
+N_FEATURES, LATENT, VARIANCE = 5, 2, 0.3
+
+
+@pytest.fixture(scope="module")
+def ppca():
+    """A PPCA-like MIWAE (linear decoder, one noise variance, MCAR) with fixed random W, b, σ² = 0.3, rows drawn
+    from it with about 40% missing (first feature always observed), and the exact conditional mean of each
+    missing entry, b_m + C_mo C_oo⁻¹ (x_o - b_o) with C = W Wᵀ + σ² I."""
+    torch.manual_seed(0)
+    config = ModelConfig(n_features=N_FEATURES, latent_dim=LATENT, activation="tanh", encoder="mlp",
+                         encoder_hidden=(16,), decoder="linear", missing="mcar", missing_factor="sampled")
+    model = build_model(config)
+    with torch.no_grad():
+        model.decoder.mean_head.weight.normal_(0.0, 1.0)
+        model.decoder.mean_head.bias.normal_(0.0, 0.5)
+        model.decoder.raw_var.fill_(math.log(math.expm1(VARIANCE - config.min_variance)))
+    weight = model.decoder.mean_head.weight.detach().double().numpy()
+    bias = model.decoder.mean_head.bias.detach().double().numpy()
+    rng = np.random.default_rng(1)
+    complete = rng.standard_normal((8, LATENT)) @ weight.T + bias + math.sqrt(VARIANCE) * rng.standard_normal((8, 5))
+    rows = complete.copy()
+    missing = rng.random(rows.shape) < 0.4
+    missing[:, 0] = False
+    rows[missing] = np.nan
+    covariance = weight @ weight.T + VARIANCE * np.eye(N_FEATURES)
+    exact = np.full(rows.shape, np.nan)
+    for i, row in enumerate(rows):
+        o, m = ~np.isnan(row), np.isnan(row)
+        exact[i, m] = bias[m] + covariance[np.ix_(m, o)] @ np.linalg.solve(covariance[np.ix_(o, o)], row[o] - bias[o])
+    return model.eval(), rows, exact
+
+
+def test_methods_return_one_value_per_missing_entry_and_leave_the_data_alone(ppca):
+    """Default targets are exactly the missing entries; mean and median have one value per target, multiple
+    imputation (n_imputations, targets); the input array is not modified; 1 ≤ ESS ≤ K for every row."""
+    model, rows, _ = ppca
+    before = rows.copy()
+    config = ImportanceConfig(n_samples=300, n_imputations=4, seed=0)
+    result = impute(model, rows, methods=("mean", "median", "multiple"), config=config)
+    missing_rows, missing_cols = np.nonzero(np.isnan(rows))
+    assert sorted(zip(result.rows, result.cols)) == sorted(zip(missing_rows, missing_cols))
+    n_targets = missing_rows.size
+    assert result.mean.shape == result.median.shape == (n_targets,)
+    assert result.draws.shape == (4, n_targets)
+    assert np.isfinite(result.mean).all() and np.isfinite(result.median).all() and np.isfinite(result.draws).all()
+    np.testing.assert_array_equal(rows, before)
+    assert result.ess.shape == (rows.shape[0],)
+    assert ((result.ess >= 1 - 1e-9) & (result.ess <= config.n_samples + 1e-6)).all()
+
+
+def test_explicit_targets_come_back_in_the_order_asked(ppca):
+    """Asking for targets in a shuffled order returns them in that order with the values of the sorted request
+    (the same seed draws the same samples)."""
+    model, rows, _ = ppca
+    target_rows, target_cols = np.nonzero(np.isnan(rows))
+    order = np.random.default_rng(0).permutation(target_rows.size)
+    config = ImportanceConfig(n_samples=200, seed=0)
+    sorted_result = impute(model, rows, target_rows, target_cols, config=config)
+    shuffled = impute(model, rows, target_rows[order], target_cols[order], config=config)
+    np.testing.assert_array_equal(shuffled.rows, target_rows[order])
+    np.testing.assert_array_equal(shuffled.cols, target_cols[order])
+    np.testing.assert_allclose(shuffled.mean, sorted_result.mean[order], rtol=0, atol=1e-6)
+
+
+def test_conditional_mean_and_median_match_the_exact_gaussian_posterior(ppca):
+    """Under PPCA + MCAR, x_m | x_o is Gaussian: with 2,000 samples the importance-sampling conditional mean and
+    median are within 0.1 of the exact conditional mean (= median), ten times closer than the prior mean b_m
+    (measured: largest error 0.031 for the mean, 0.041 for the median, 0.484 for b_m)."""
+    model, rows, exact = ppca
+    result = impute(model, rows, methods=("mean", "median"), config=ImportanceConfig(n_samples=2000, seed=0))
+    truth = exact[result.rows, result.cols]
+    prior_error = np.abs(model.decoder.mean_head.bias.detach().numpy()[result.cols] - truth)
+    for estimate in (result.mean, result.median):
+        error = np.abs(estimate - truth)
+        print(f"largest error {error.max():.3f}, prior-mean error {prior_error.max():.3f}")
+        assert error.max() < 0.1
+        assert error.mean() < 0.1 * prior_error.mean()
+
+
+def test_mixture_median_lies_between_component_medians_and_halves_the_mass():
+    """For a weighted mixture of Gaussians, the median solves Σ_k α_k F(x | z_k) = 0.5 (to 1e-4) and lies between
+    the smallest and largest component median."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(n_features=3, latent_dim=2, encoder="mlp", decoder="gaussian", squash=None))
+    loc = 3 * torch.randn(4, 6, 3)
+    scale = 0.2 + torch.rand(4, 6, 3)
+    alpha = torch.softmax(torch.randn(4, 6), dim=1)
+    median = _mixture_median(model, alpha, (loc, scale))
+    assert ((median >= loc.amin(1)) & (median <= loc.amax(1))).all()
+    mass = (alpha[:, :, None] * model.decoder.cdf((loc, scale), median[:, None, :])).sum(1)
+    torch.testing.assert_close(mass, torch.full_like(mass, 0.5), rtol=0, atol=1e-4)
+
+
+def test_categorical_median_and_draws_lie_on_the_levels():
+    """With the categorical decoder the conditional median and every multiple-imputation draw is a level 1..5."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(n_features=6, latent_dim=3, encoder="set", embedding_dim=4, code_dim=8,
+                                    decoder="categorical"))
+    rng = np.random.default_rng(0)
+    rows = rng.integers(1, 6, size=(5, 6)).astype(float)
+    rows[rng.random(rows.shape) < 0.5] = np.nan
+    result = impute(model, rows, methods=("median", "multiple"),
+                    config=ImportanceConfig(n_samples=50, n_imputations=7, seed=0))
+    levels = np.arange(1, 6)
+    assert result.draws.shape == (7, np.isnan(rows).sum())
+    assert np.isin(result.draws, levels).all() and np.isin(result.median, levels).all()
+    assert len(np.unique(result.draws)) > 1

@@ -1,0 +1,31 @@
+"""On self-masked synthetic data the not-MIWAE imputes clearly better than the MIWAE."""
+
+import pytest
+import torch
+
+from mnar_recsys.pipelines.demo import DemoConfig, run_demo
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Small networks train fastest on one thread; on shared cores two OpenMP threads spin and cost ~5x the CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_notmiwae_beats_miwae_on_self_masked_data(seed, one_torch_thread):
+    """Values above the feature mean go missing in half the features (the paper's UCI protocol) on rank-3 data:
+    the not-MIWAE (self-masking, known sign) has an imputation RMSE at least 0.2 below the MIWAE's and below
+    mean imputation.
+
+    Small setting (200 rows, 200 iterations, 100 importance samples), measured MIWAE / not-MIWAE / mean
+    imputation RMSE (one thread): seed 0 1.081 / 0.516 / 0.994, seed 1 0.825 / 0.435 / 1.005, seed 2 0.799 / 0.415 / 0.997.
+    """
+    result = run_demo(DemoConfig(n_rows=200, iterations=200, importance_samples=100, seed=seed))
+    print(result)
+    assert result["notmiwae"] < result["miwae"] - 0.2
+    assert result["notmiwae"] < result["mean_imputation"] - 0.2

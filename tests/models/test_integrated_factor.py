@@ -1,0 +1,110 @@
+"""The integrated missing factor: log Pr(s_j = 0 | z) = log E_{p(x_j|z)}[sigmoid(-logit_j(x_j))]."""
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from scipy.special import ndtri
+
+from mnar_recsys.data.rows import as_rows
+from mnar_recsys.models.config import ModelConfig, build_model
+
+
+def self_masking_model(decoder: str, n_features: int = 6, slopes: tuple[float, float] = (-1.5, 1.5)):
+    """A random model with a self-masking missing model whose slopes span `slopes` and random biases."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(n_features=n_features, latent_dim=3, encoder="mlp", encoder_hidden=(8,),
+                                    decoder=decoder, decoder_hidden=(8,), squash=None, missing="self-masking",
+                                    missing_factor="integrated"))
+    with torch.no_grad():
+        model.missing_model.weight.copy_(torch.linspace(*slopes, n_features))
+        model.missing_model.bias.normal_(0.0, 1.0)
+    return model
+
+
+def test_categorical_integrated_factor_is_the_exact_sum_over_levels():
+    """For the categorical decoder, log_ps with the integrated factor equals, entry by entry in float64,
+    Σ_observed log sigmoid(logit_j(x_j)) + Σ_missing log Σ_c π_jc sigmoid(-logit_j(c))."""
+    model = self_masking_model("categorical")
+    rng = np.random.default_rng(0)
+    rows = rng.integers(1, 6, size=(4, 6)).astype(float)
+    rows[rng.random(rows.shape) < 0.5] = np.nan
+    batch = as_rows(rows).batch(np.arange(4))
+    with torch.no_grad():
+        params = model.decoder(torch.randn(4, 3, 3))
+        integrated = model.log_ps(batch, params).double().numpy()
+    probs = F.softmax(params[0].double(), dim=-1).numpy()  # (B, K, p, levels)
+    weight = model.missing_model.weight.detach().double().numpy()
+    bias = model.missing_model.bias.detach().double().numpy()
+    expected = np.zeros(integrated.shape)
+    for b, row in enumerate(rows):
+        for j, value in enumerate(row):
+            if np.isnan(value):
+                missing = sum(probs[b, :, j, c] / (1 + math.exp(weight[j] * level + bias[j]))
+                              for c, level in enumerate(range(1, 6)))
+                expected[b] += np.log(missing)
+            else:
+                expected[b] -= math.log1p(math.exp(-(weight[j] * value + bias[j])))
+    np.testing.assert_allclose(integrated, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_gaussian_quadrature_matches_monte_carlo():
+    """Gauss-Hermite (8 nodes) gives log E[sigmoid(-logit(x))], x ~ N(loc, scale²), to 1e-3 of a stratified
+    Monte-Carlo estimate (50,000 draws per entry), for slopes·scale up to 1.5.
+
+    The accuracy depends on how steep the logistic is relative to the Gaussian: measured against adaptive
+    quadrature, 8 nodes are off by up to 8e-6 at slope·scale = 1, 3e-3 at 2, 3e-2 at 3, 0.1 at 4, 0.65 at 10.
+    """
+    model = self_masking_model("gaussian")
+    with torch.no_grad():
+        params = model.decoder(torch.randn(2, 3, 3))
+        quadrature = model.log_prob_missing(params).double()
+    loc, scale = (t.detach().double() for t in params)
+    assert scale.max() < 1.01
+    n_draws = 50_000
+    strata = (np.arange(n_draws) + np.random.default_rng(1).random(n_draws)) / n_draws
+    eps = torch.from_numpy(ndtri(strata))[:, None, None, None]
+    x = loc + scale * eps
+    logits = model.missing_model.weight.detach().double() * x + model.missing_model.bias.detach().double()
+    monte_carlo = torch.sigmoid(-logits).mean(0).log()
+    print(f"largest |quadrature - Monte Carlo|: {(quadrature - monte_carlo).abs().max().item():.1e}")
+    torch.testing.assert_close(quadrature, monte_carlo, rtol=0, atol=1e-3)
+
+
+def test_integrated_bound_is_tighter_and_its_weights_less_noisy():
+    """With the same z draws, the integrated bound's mean over draws is ≥ the sampled bound's (it replaces
+    each w_k by its expectation over x_m), and its log-weights vary less, so the ESS is higher.
+
+    Random model: set encoder with q = prior, squashed Gaussian decoder, item-wise missing model with
+    shared weight 1, 40 items, about 75% missing, K = 20, 100 repetitions of 10 rows. Measured: mean bound
+    per row sampled -52.92 vs integrated -51.49; ESS 2.38 vs 4.84 of 20; log-weight variance 18.1 vs 8.1.
+    """
+    torch.manual_seed(0)
+    n_features, n_rows, repeats, k = 40, 10, 100, 20
+    model = build_model(ModelConfig(n_features=n_features, latent_dim=5, embedding_dim=8, code_dim=16))
+    rng = np.random.default_rng(0)
+    rows = rng.integers(1, 6, size=(n_rows, n_features)).astype(float)
+    rows[rng.random(rows.shape) < 0.75] = np.nan
+    source = as_rows(rows)
+    model.missing_model.initialise(source.observed_fraction(), float(np.nanmean(rows)))
+    with torch.no_grad():
+        model.missing_model.raw_weight.fill_(math.log(math.expm1(1.0)))
+        model.encoder.head.linear.weight.zero_()
+        model.encoder.head.linear.bias.zero_()
+    batch = as_rows(np.tile(rows, (repeats, 1))).batch(np.arange(repeats * n_rows))
+    stats = {}
+    for factor in ("sampled", "integrated"):
+        model.missing_factor = factor
+        torch.manual_seed(1)
+        with torch.no_grad():
+            log_w = model.sample(batch, k).terms.log_weights.double()
+        bound = (torch.logsumexp(log_w, 1) - math.log(k)).reshape(repeats, n_rows).sum(1)
+        ess = 1 / (torch.softmax(log_w, 1) ** 2).sum(1)
+        stats[factor] = bound, ess.mean().item(), log_w.var(1).mean().item()
+        print(f"{factor}: bound per row {bound.mean().item() / n_rows:.3f}, ESS {stats[factor][1]:.2f} of {k}, "
+              f"log-weight variance {stats[factor][2]:.3f}")
+    gain = stats["integrated"][0] - stats["sampled"][0]
+    assert gain.mean() > -3 * gain.std() / math.sqrt(repeats)
+    assert stats["integrated"][1] > stats["sampled"][1]
+    assert stats["integrated"][2] < stats["sampled"][2]

@@ -1,0 +1,73 @@
+"""Training raises the bound, is reproducible from its seed, and survives a save/load round trip."""
+
+import numpy as np
+import pytest
+import torch
+
+from mnar_recsys.data.rows import as_rows
+from mnar_recsys.models.config import ModelConfig, build_model
+from mnar_recsys.training import checkpoint
+from mnar_recsys.training.trainer import TrainConfig, fit
+
+CONFIG = ModelConfig(n_features=8, latent_dim=3, embedding_dim=4, code_dim=8, missing="itemwise")
+TRAIN = TrainConfig(iterations=100, batch_size=20, n_samples=5, lr=1e-2, seed=3, progress=False, log_every=50)
+
+
+@pytest.fixture(scope="module")
+def ratings() -> np.ndarray:
+    """60 users x 8 items, ratings 1..5 from a rank-1 model, about half missing."""
+    rng = np.random.default_rng(0)
+    scores = rng.standard_normal((60, 1)) @ rng.standard_normal((1, 8))
+    rows = np.clip(np.round(3 + 1.2 * scores), 1, 5)
+    rows[rng.random(rows.shape) < 0.5] = np.nan
+    return rows
+
+
+def mean_bound(model, rows: np.ndarray, seed: int = 0, n_samples: int = 20) -> float:
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        return model.bound(as_rows(rows).batch(np.arange(rows.shape[0])), n_samples).mean().item()
+
+
+def trained(rows: np.ndarray):
+    torch.manual_seed(0)
+    model = build_model(CONFIG)
+    history = fit(model, rows, TRAIN)
+    return model, history
+
+
+def test_fit_increases_the_bound(ratings):
+    """100 Adam steps raise the mean L_20 over all rows by more than 1 nat per row (measured: -20.17 -> -10.25)."""
+    torch.manual_seed(0)
+    before = mean_bound(build_model(CONFIG), ratings)
+    model, history = trained(ratings)
+    after = mean_bound(model, ratings)
+    print(f"bound per row before {before:.3f}, after {after:.3f}; history {history}")
+    assert [i for i, _ in history] == [50, 100]
+    assert after > before + 1.0
+
+
+def test_fit_is_reproducible_from_its_seed(ratings):
+    """Two runs from the same initial seed and TrainConfig.seed end with identical parameters; another
+    training seed does not."""
+    first, _ = trained(ratings)
+    second, _ = trained(ratings)
+    for (name, a), b in zip(first.state_dict().items(), second.state_dict().values()):
+        assert torch.equal(a, b), name
+    torch.manual_seed(0)
+    other = build_model(CONFIG)
+    fit(other, ratings, TrainConfig(**{**TRAIN.to_dict(), "seed": 4}))
+    assert not torch.equal(other.decoder.mean_head.weight, first.decoder.mean_head.weight)
+
+
+def test_checkpoint_round_trip_gives_identical_bounds(ratings, tmp_path):
+    """save then load (state dict read with weights_only=True) rebuilds the model: same parameters, same config,
+    the extra metadata, and the same bound under the same seed."""
+    model, _ = trained(ratings)
+    checkpoint.save(model, CONFIG, tmp_path / "model", extra={"train": TRAIN.to_dict()})
+    loaded, config, meta = checkpoint.load(tmp_path / "model")
+    assert config == CONFIG
+    assert meta == {"train": TRAIN.to_dict()}
+    for (name, a), b in zip(model.state_dict().items(), loaded.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert mean_bound(loaded, ratings, seed=5) == mean_bound(model, ratings, seed=5)
