@@ -6,6 +6,11 @@ costs several times more memory traffic than the quadrature itself, so the nodes
 with in-place updates and the gradient is written out: with σ_h = sigmoid(-(m + sd t_h)),
   d/dm  log Σ_h ω_h σ_h = -Σ_h ω_h σ_h (1 - σ_h) / Σ_h ω_h σ_h,
   d/dsd log Σ_h ω_h σ_h = -Σ_h ω_h t_h σ_h (1 - σ_h) / Σ_h ω_h σ_h.
+
+Accuracy: the rule integrates a smooth sigmoid well, a steep one badly. With 8 points the largest error in
+log Pr(s = 0 | z), against adaptive quadrature, is 8e-6 nats for sd = |slope| x decoder sd = 1, 3e-3 at 2,
+0.03 at 3, 0.1 at 4 and 0.3 at 6; more points help slowly. For steep missing processes (SVHN clipping,
+slope 50) sample x_m instead (missing_factor='sampled').
 """
 
 from __future__ import annotations

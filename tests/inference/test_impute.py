@@ -92,11 +92,13 @@ def test_mixture_median_lies_between_component_medians_and_halves_the_mass():
     """For a weighted mixture of Gaussians, the median solves Σ_k α_k F(x | z_k) = 0.5 (to 1e-4) and lies between
     the smallest and largest component median."""
     torch.manual_seed(0)
-    model = build_model(ModelConfig(n_features=3, latent_dim=2, encoder="mlp", decoder="gaussian", squash=None))
+    model = build_model(ModelConfig(n_features=3, latent_dim=2, encoder="mlp", decoder="gaussian", squash=None,
+                                    missing="mcar", missing_factor="sampled"))
     loc = 3 * torch.randn(4, 6, 3)
     scale = 0.2 + torch.rand(4, 6, 3)
     alpha = torch.softmax(torch.randn(4, 6), dim=1)
-    median = _mixture_median(model, alpha, (loc, scale))
+    cols = torch.arange(3).expand(4, 3)
+    median = _mixture_median(model, alpha, (loc, scale), cols, torch.zeros(4, 3))
     assert ((median >= loc.amin(1)) & (median <= loc.amax(1))).all()
     mass = (alpha[:, :, None] * model.decoder.cdf((loc, scale), median[:, None, :])).sum(1)
     torch.testing.assert_close(mass, torch.full_like(mass, 0.5), rtol=0, atol=1e-4)
@@ -116,3 +118,26 @@ def test_categorical_median_and_draws_lie_on_the_levels():
     assert result.draws.shape == (7, np.isnan(rows).sum())
     assert np.isin(result.draws, levels).all() and np.isin(result.median, levels).all()
     assert len(np.unique(result.draws)) > 1
+
+
+def test_tilted_mean_median_and_draws_describe_one_posterior():
+    """With x_m integrated out, the mean, the median and the resampled draws all use p(x_j | z_k, s_j), the
+    decoder tilted by the missing model: the draws' average and median match the mean and the median."""
+    torch.manual_seed(0)
+    config = ModelConfig(n_features=5, latent_dim=2, encoder="mlp", activation="tanh", decoder="gaussian",
+                         decoder_hidden=(16,), squash=None, missing="self-masking-known", missing_sign=-1)
+    model = build_model(config)
+    with torch.no_grad():
+        model.missing_model.raw_weight.fill_(1.0)  # a clear tilt: missing values are the large ones
+    data = np.random.default_rng(0).normal(size=(8, 5)).astype(np.float32)
+    data[:, :2] = np.nan
+    result = impute(model, data, methods=("mean", "median", "multiple"),
+                    config=ImportanceConfig(n_samples=200, n_imputations=4000, seed=0))
+    untilted = impute(model, data, config=ImportanceConfig(n_samples=200, seed=0))
+    assert np.abs(result.draws.mean(0) - result.mean).max() < 0.08
+    assert np.abs(np.median(result.draws, 0) - result.median).max() < 0.1
+    model.missing_factor = "sampled"
+    decoder_mean = impute(model, data, config=ImportanceConfig(n_samples=200, seed=0)).mean
+    assert np.allclose(untilted.mean, result.mean)
+    # the tilt moves the imputations towards the large values the missing model says go missing
+    assert (result.mean > decoder_mean).mean() > 0.9
