@@ -106,7 +106,8 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
             if bad is None:
                 raise
             j, value = bad
-            raise ValueError(f"NotMIWAEImputer: {_column_name(getattr(X, 'columns', None), j)} holds the non-numeric value {value!r}; "
+            column = _column_name(getattr(X, "columns", None), j)
+            raise ValueError(f"NotMIWAEImputer: {column} holds the non-numeric value {value!r}; "
                              "encode it as a number, or as NaN when missing") from error
 
     def model_config(self, n_features: int) -> ModelConfig:

@@ -39,11 +39,11 @@ PAPER = {"notmiwae": {"rmse": 0.073, "test_log_likelihood": 1894.4},
 
 @dataclass
 class SVHNConfig:
-    """iterations: training steps (the spec gives no count; 100k as for UCI); refit_iterations: encoder-only
-    steps on complete images before the log-likelihood; lr: Adam's step size; importance_samples: per image for imputation;
-    ll_samples: per test image for the log-likelihood; n_train / n_test: images used (0 = all of the
-    split; the digits stand-in has 1797 images in all); conv_channels: encoder widths, the decoder
-    mirrors them."""
+    """iterations: training steps (the spec gives no count; 100k as for UCI); refit_iterations:
+    encoder-only steps on complete images before the log-likelihood; lr: Adam's step size;
+    importance_samples: per image for imputation; ll_samples: per test image for the log-likelihood;
+    n_train / n_test: images used (0 = all of the split; the digits stand-in has 1797 images in all);
+    conv_channels: encoder widths, the decoder mirrors them."""
 
     iterations: int = 100_000
     refit_iterations: int = 10_000
