@@ -21,7 +21,8 @@ class ModelConfig:
     """Architecture of a (not-)MIWAE. Defaults are the paper's Yahoo! R3 setup.
 
     encoder: 'mlp' (zero-imputed, `encoder_hidden` layers), 'set' (PointNet / partial-VAE with
-        `embedding_dim` and `code_dim`) or 'conv' (square images).
+        `embedding_dim` and `code_dim`) or 'conv' (square images, strided convolutions with
+        `conv_channels`; the 'conv-gaussian' decoder mirrors them).
     decoder: 'gaussian' (`decoder_hidden` layers, mean squashed to `squash` when given, `variance`
         'shared' / 'per_row' / 'isotropic'), 'linear' (PPCA-like), 'categorical' over `levels` with
         Gumbel-Softmax at `temperature`, 'bernoulli', 'student-t', 'conv-gaussian' (images).
@@ -38,6 +39,7 @@ class ModelConfig:
     encoder_hidden: tuple[int, ...] = (128, 128)
     embedding_dim: int = 20
     code_dim: int = 50
+    conv_channels: tuple[int, ...] = (64, 128, 256)
     decoder: str = "gaussian"
     decoder_hidden: tuple[int, ...] = ()
     squash: tuple[float, float] | None = (1.0, 5.0)
@@ -76,7 +78,7 @@ def build_encoder(cfg: ModelConfig) -> nn.Module:
         return encoders.MLPEncoder(cfg.n_features, cfg.latent_dim, cfg.encoder_hidden, act)
     if cfg.encoder == "set":
         return encoders.SetEncoder(cfg.n_features, cfg.latent_dim, cfg.embedding_dim, cfg.code_dim, act)
-    return encoders.ConvEncoder(cfg.n_features, cfg.latent_dim)
+    return encoders.ConvEncoder(cfg.n_features, cfg.latent_dim, cfg.conv_channels)
 
 
 def build_decoder(cfg: ModelConfig) -> decoders.ObservationModel:
@@ -92,8 +94,9 @@ def build_decoder(cfg: ModelConfig) -> decoders.ObservationModel:
         return decoders.BernoulliDecoder(d, p, cfg.decoder_hidden, act, cfg.temperature)
     if cfg.decoder == "student-t":
         return decoders.StudentTDecoder(d, p, cfg.decoder_hidden, act)
+    mean_net = decoders.ConvMeanNet(d, p, cfg.conv_channels[::-1])  # mirrors the encoder
     return decoders.GaussianDecoder(d, p, squash=cfg.squash, variance=cfg.variance, min_variance=cfg.min_variance,
-                                    quadrature_points=cfg.quadrature_points, mean_net=decoders.ConvMeanNet(d, p))
+                                    quadrature_points=cfg.quadrature_points, mean_net=mean_net)
 
 
 def build_missing_model(cfg: ModelConfig) -> missing.MissingModel:

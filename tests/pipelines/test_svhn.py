@@ -1,0 +1,44 @@
+"""The SVHN clipping pipeline on the digits stand-in, and its input errors."""
+
+import json
+
+import numpy as np
+import pytest
+from scipy.io import savemat
+
+from mnar_recsys.cli import main
+from mnar_recsys.data.svhn import digits_stand_in
+from mnar_recsys.pipelines.svhn import SVHNConfig, check_images, run_clipping
+
+
+def test_true_clipping_model_imputes_bright_pixels(tmp_path):
+    # The stand-in every 4th pixel (8x8, the digits' own resolution) and narrow convolutions keep this
+    # fast; measured RMSE 0.10 (not-MIWAE) vs 0.38 (MIWAE), constant ones 0.17.
+    images = digits_stand_in(190, seed=0)[:, ::4, ::4]
+    config = SVHNConfig(iterations=400, refit_iterations=20, batch_size=32, lr=1e-2, importance_samples=50,
+                        ll_samples=50, conv_channels="8,16,32")
+    payload = run_clipping(images[:150], images[150:], config, tmp_path, "digits-stand-in")
+    results = payload["results"]
+    assert results["notmiwae"]["rmse"] < results["miwae"]["rmse"] - 0.1
+    # the not-MIWAE imputes clipped pixels above the clipping point; the MIWAE, trained on what it saw, does not
+    assert results["notmiwae"]["fraction_imputed_above_clip"] > 0.5
+    assert results["miwae"]["fraction_imputed_above_clip"] < 0.1
+    assert all(np.isfinite(results[m]["test_log_likelihood"]) for m in ("notmiwae", "miwae"))
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["provenance"]["commit"] is not None and saved["config"]["lr"] == 0.01
+    assert {p.name for p in tmp_path.iterdir()} >= {"results.json", "results.md", "histograms.png", "images.png"}
+    assert "not-MIWAE" in (tmp_path / "results.md").read_text()
+
+
+def test_bad_inputs(tmp_path, capsys):
+    with pytest.raises(ValueError, match=r"shape \(N, side, side\).*got \(3, 28, 28\)"):
+        check_images(np.zeros((3, 28, 28)), "training")
+    with pytest.raises(ValueError, match=r"in \[0, 1\]"):
+        check_images(np.full((3, 8, 8), 2.0), "training")
+    savemat(tmp_path / "train_32x32.mat", {"y": np.zeros((3, 1))})
+    assert main(["svhn", "--data-dir", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    assert "no variable 'X'" in capsys.readouterr().err
+    assert main(["svhn", "--data", "svhn", "--out", str(tmp_path / "out")]) == 2
+    assert "needs --data-dir" in capsys.readouterr().err
+    assert main(["svhn", "--conv-channels", "8,x", "--iterations", "1", "--out", str(tmp_path / "out")]) == 2
+    assert "comma-separated integers" in capsys.readouterr().err
