@@ -107,9 +107,7 @@ class NotMIWAE(nn.Module):
         nodes, log_w = decoder.quadrature(params)
         support = getattr(decoder, "support", None)
         if support is not None and features.dim() <= 1:
-            # discrete nodes do not depend on z: score them once per (feature, level)
-            logits = model.feature_logits(support, features[:, None])
-            return torch.logsumexp(log_w + F.logsigmoid(-logits), dim=-1)
+            nodes = support  # discrete nodes do not depend on z: score them once per (feature, level)
         logits = model.feature_logits(nodes, features[..., None])
         return torch.logsumexp(log_w + F.logsigmoid(-logits), dim=-1)
 
