@@ -7,7 +7,7 @@ import importlib
 import sys
 
 # each module defines register(subparsers) which adds a parser whose `run` default takes the args
-PIPELINES = ("mnar_recsys.pipelines.demo",)
+PIPELINES = ("mnar_recsys.pipelines.demo", "mnar_recsys.pipelines.ratings")
 
 
 def build_parser() -> argparse.ArgumentParser:
