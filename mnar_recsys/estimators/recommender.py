@@ -68,7 +68,9 @@ class RecommenderConfig:
         unknown = set(self.model) - known
         if unknown:
             raise ValueError(f"unknown ModelConfig fields {sorted(unknown)}")
-        self.model_config(1)  # validates the values now rather than at fit time
+        # validates the values now rather than at fit time, and normalises them (JSON lists -> tuples)
+        checked = self.model_config(1).to_dict()
+        self.model = {name: checked[name] for name in self.model}
         if not self.rating_scale[0] < self.rating_scale[1]:
             raise ValueError(f"rating_scale must be (low, high) with low < high, got {self.rating_scale}")
 
