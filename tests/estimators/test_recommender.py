@@ -3,6 +3,8 @@
 import numpy as np
 import pytest
 
+from baselines.registry import make_baseline
+from mnar_recsys.data import SimulatorConfig, simulate_ratings
 from mnar_recsys.estimators.recommender import (
     VARIANTS,
     NotMIWAERecommender,
@@ -10,6 +12,7 @@ from mnar_recsys.estimators.recommender import (
     RecommenderConfig,
     make_recommender,
 )
+from mnar_recsys.evaluation.protocol import fit_and_score, mcar_split
 from mnar_recsys.inference.importance import ImportanceConfig
 from mnar_recsys.training.trainer import TrainConfig
 
@@ -72,3 +75,24 @@ def test_oracle_predicts_the_expected_ratings(small_ratings):
     users, items, _ = small_ratings.test_triples()
     oracle = OracleRecommender(small_ratings.meta["oracle"]).fit(small_ratings.train)
     np.testing.assert_array_equal(oracle.predict(users, items), small_ratings.meta["oracle"][users, items])
+
+
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow)])
+def test_notmiwae_beats_miwae_and_mf_on_simulated_mnar_ratings(seed):
+    """Measured MCAR MSE (1,000 users x 100 items, 400 iterations, K_pred 200), seeds 0 / 1 / 2:
+    oracle 0.425 / 0.400 / 0.414, not-MIWAE 0.978 / 0.928 / -, MF 1.242 / 1.148 / 1.232,
+    MIWAE 1.613 / 1.558 / -."""
+    data = simulate_ratings(SimulatorConfig(n_users=1_000, n_items=100, n_test_users=333, seed=seed))
+    split = mcar_split(data, seed)
+    train, importance = TrainConfig(iterations=400, progress=False), ImportanceConfig(n_samples=200)
+
+    def score(model) -> float:
+        return fit_and_score(model, split)[0]["mse"]
+
+    notmiwae = score(make_recommender("notmiwae-gaussian", seed=seed, train=train, importance=importance))
+    miwae = score(make_recommender("miwae-gaussian", seed=seed, train=train, importance=importance))
+    mf = score(make_baseline("mf", seed=seed))
+    oracle = score(OracleRecommender(data.meta["oracle"]))
+    assert notmiwae < mf - 0.15
+    assert notmiwae < miwae - 0.4
+    assert notmiwae < oracle + 0.6  # the part of the MNAR bias left after 400 steps

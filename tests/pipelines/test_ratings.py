@@ -45,3 +45,17 @@ def test_cli_refuses_bad_requests(tmp_path, capsys):
     assert main(["ratings", "--models", "notmiwae-poisson", "--out", str(tmp_path)]) == 2
     assert main(["ratings", "--data", "coat", "--out", str(tmp_path)]) == 2
     assert "needs --data-dir" in capsys.readouterr().err
+
+
+def test_notmiwae_beats_miwae_and_mf_on_coat():
+    """Real MNAR data, seed 0, 300 iterations, K_pred 500: MCAR MSE not-MIWAE 1.205, MIWAE 1.488,
+    MF 1.222 (published MF 1.202). The MF margin is thin at this training budget."""
+    if not (COAT / "train.ascii").exists():
+        pytest.skip(f"Coat data not found at {COAT.resolve()}")
+    data = load_coat(COAT)
+    split = mcar_split(data, seed=0)
+    run = RatingsRun(data="coat", data_dir=str(COAT), iterations=300, importance_samples=500)
+    mse = {name: fit_and_score(build(name, run, data, seed=0, progress=False), split)[0]["mse"]
+           for name in ("notmiwae-gaussian", "miwae-gaussian", "mf")}
+    assert mse["notmiwae-gaussian"] < mse["miwae-gaussian"] - 0.2
+    assert mse["notmiwae-gaussian"] < mse["mf"]
