@@ -133,6 +133,8 @@ def run_ratings(run: RatingsRun, progress: bool = True) -> dict[str, Any]:
     out = Path(run.out)
     settings = asdict(run)
     records, estimator, predictions = [], [], {}
+    results = {"data": describe(data), "config": settings, "provenance": provenance(), "records": records,
+               "estimator_k": estimator}
     for seed in run.seeds:
         split = mcar_split(data, seed)
         if seed == run.seeds[0]:
@@ -141,20 +143,19 @@ def run_ratings(run: RatingsRun, progress: bool = True) -> dict[str, Any]:
             model = build(name, run, data, seed, progress)
             record, predicted = fit_and_score(model, split)
             record["config"] = {"run": settings, "model": model_settings(model)}
+            record["provenance"] = results["provenance"]
             records.append(record)
             if seed == run.seeds[0]:
                 predictions[name] = predicted
             if run.estimator_k and name == ESTIMATOR_MODEL:
                 estimator += estimator_study(model, split, run.estimator_k)
+            # rewritten after every model, so a long run that is stopped keeps what it finished
+            table = summary_table(records)
+            write_json(out / "results.json", results)
+            write_atomic(out / "results.md", report(data, run, table, estimator))
             if progress:
-                print(f"seed {seed} {name}: MSE {record['mse']:.3f} ({record['train_seconds']:.0f} s)", flush=True)
-    results = {"data": describe(data), "config": settings, "provenance": provenance(), "records": records,
-               "estimator_k": estimator}
-    for record in records:
-        record["provenance"] = results["provenance"]
-    table = summary_table(records)
-    write_json(out / "results.json", results)
-    write_atomic(out / "results.md", report(data, run, table, estimator))
+                print(f"seed {seed} {name}: MSE {record['mse']:.3f}, MAE {record['mae']:.3f} "
+                      f"({record['train_seconds']:.0f} s)", flush=True)
     plots.prediction_histograms(predictions, first_truth, out / "predictions_histogram.png",
                                 title=f"{data.name}, seed {run.seeds[0]}: predictions vs MCAR truth")
     plots.per_rating_mse(records, out / "per_rating_mse.png", title=f"{data.name}: MSE per true rating")
