@@ -13,7 +13,6 @@ from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from baselines.base import Recommender
@@ -29,6 +28,7 @@ from mnar_recsys.training.trainer import TrainConfig
 
 DATASETS = ("synthetic", "coat", "yahoo")
 DEFAULT_MODELS = ("notmiwae-gaussian", "notmiwae-categorical", "miwae-gaussian", "mf", "pmf", "mf-ips")
+UNSEEDED = frozenset({"constant-2", "train-mean"})  # deterministic baselines: no seed argument
 ESTIMATOR_MODEL = "notmiwae-gaussian"  # the model the --estimator-k study re-imputes
 # Smaller than Yahoo! R3 (15,400 x 1,000) so that the default synthetic run is feasible on a CPU.
 SYNTHETIC_USERS, SYNTHETIC_ITEMS = 2_000, 200
@@ -91,6 +91,8 @@ def build(name: str, run: RatingsRun, data: RatingsData, seed: int, progress: bo
                                 train=TrainConfig(iterations=run.iterations, device=run.device, progress=progress),
                                 importance=ImportanceConfig(n_samples=run.importance_samples, device=run.device,
                                                             progress=progress))
+    if name in UNSEEDED:
+        return make_baseline(name, rating_scale=data.rating_scale)
     return make_baseline(name, seed=seed)
 
 

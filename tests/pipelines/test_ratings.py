@@ -14,19 +14,20 @@ from mnar_recsys.pipelines.ratings import RatingsRun, build
 REQUIRED = {"model", "seed", "mse", "mae", "ndcg@5", "per_rating", "train_seconds", "predict_seconds", "n_test",
             "config", "provenance"}
 # The shared copy sits beside the project root; MNAR_RECSYS_COAT_DIR overrides it.
-COAT = Path(os.environ.get("MNAR_RECSYS_COAT_DIR", Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "coat"))
+COAT = Path(os.environ.get("MNAR_RECSYS_COAT_DIR",
+                          Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "coat"))
 
 
 def test_cli_writes_results_table_and_plots(tmp_path, capsys):
     out = tmp_path / "run"
     code = main(["ratings", "--users", "300", "--items", "60", "--iterations", "20", "--importance-samples", "20",
-                 "--seeds", "0,1", "--models", "notmiwae-gaussian,mf,mf-ips,oracle", "--estimator-k", "10,20",
-                 "--out", str(out), "--no-progress"])
+                 "--seeds", "0,1", "--models", "notmiwae-gaussian,mf,mf-ips,train-mean,oracle",
+                 "--estimator-k", "10,20", "--out", str(out), "--no-progress"])
     assert code == 0
     assert sorted(p.name for p in out.iterdir()) == ["per_rating_mse.png", "predictions_histogram.png",
                                                      "results.json", "results.md"]  # no temp files left
     results = json.loads((out / "results.json").read_text())
-    assert len(results["records"]) == 8
+    assert len(results["records"]) == 10
     for record in results["records"]:
         assert REQUIRED <= set(record)
         assert record["config"]["run"]["iterations"] == 20 and record["provenance"]["package_version"]
