@@ -52,7 +52,7 @@ def per_rating_mse(records: list[dict[str, Any]], path: str | Path, title: str =
     names = list(dict.fromkeys(r["model"] for r in records))
     levels = sorted({int(level) for r in records for level in r["per_rating"]})
     width = 0.8 / len(names)
-    figure, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(levels) * len(names) * 0.5), 3.5))
+    figure, ax = plt.subplots(figsize=(max(6.0, 1.8 * len(levels)), 4.0))
     for position, name in enumerate(names):
         mine = [r["per_rating"] for r in records if r["model"] == name]
         heights = [np.mean([p[level]["mse"] for p in mine if level in p]) for level in levels]
