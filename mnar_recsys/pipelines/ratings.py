@@ -44,6 +44,7 @@ class RatingsRun:
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     out: str = "results/ratings"
     iterations: int = 10_000
+    lr: float = 1e-3
     importance_samples: int = 1_000
     device: str = "cpu"
     users: int = SYNTHETIC_USERS
@@ -88,7 +89,8 @@ def build(name: str, run: RatingsRun, data: RatingsData, seed: int, progress: bo
         return OracleRecommender(data.meta["oracle"])
     if name in VARIANTS:
         return make_recommender(name, seed=seed, rating_scale=data.rating_scale,
-                                train=TrainConfig(iterations=run.iterations, device=run.device, progress=progress),
+                                train=TrainConfig(iterations=run.iterations, lr=run.lr, device=run.device,
+                                                  progress=progress),
                                 importance=ImportanceConfig(n_samples=run.importance_samples, device=run.device,
                                                             progress=progress))
     if name in UNSEEDED:
@@ -196,7 +198,7 @@ def report(data: RatingsData, run: RatingsRun, table: str, estimator: list[dict[
     lines = [f"# MCAR evaluation on {data.name}", "",
              f"{data.n_users} users x {data.n_items} items, {data.train.nnz} MNAR train ratings, "
              f"{data.test.nnz} MCAR test ratings (5% per seed held out for MF-IPS and not scored). "
-             f"Seeds {', '.join(map(str, run.seeds))}; not-MIWAE iterations {run.iterations}, "
+             f"Seeds {', '.join(map(str, run.seeds))}; not-MIWAE iterations {run.iterations}, lr {run.lr}, "
              f"importance samples {run.importance_samples}. Mean ± sd over seeds.", "", table]
     if estimator:
         lines += ["", f"## {ESTIMATOR_MODEL}: importance samples K and the x_m factor at prediction", "",
@@ -227,6 +229,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seeds", type=_ints, default=(0, 1, 2, 3, 4), help="comma-separated (default 0,1,2,3,4)")
     parser.add_argument("--out", default="results/ratings", help="output folder (default results/ratings)")
     parser.add_argument("--iterations", type=int, default=10_000, help="not-MIWAE training steps (paper: 10,000)")
+    parser.add_argument("--lr", type=float, default=1e-3, help="not-MIWAE Adam step size (paper: 1e-3)")
     parser.add_argument("--importance-samples", type=int, default=1_000,
                         help="K for prediction by importance sampling (default 1,000; paper: 10,000)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -252,8 +255,8 @@ def _run(args: argparse.Namespace) -> int:
             raise ValueError(f"--threads must be at least 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     run = RatingsRun(data=args.data, data_dir=args.data_dir, models=args.models, seeds=args.seeds, out=args.out,
-                     iterations=args.iterations, importance_samples=args.importance_samples, device=args.device,
-                     users=args.users, items=args.items, test_users=args.test_users, data_seed=args.data_seed,
+                     iterations=args.iterations, lr=args.lr, importance_samples=args.importance_samples,
+                     device=args.device, users=args.users, items=args.items, test_users=args.test_users, data_seed=args.data_seed,
                      estimator_k=args.estimator_k)
     run_ratings(run, progress=not args.no_progress)
     return 0
