@@ -49,14 +49,15 @@ def test_cli_refuses_bad_requests(tmp_path, capsys):
 
 
 def test_notmiwae_beats_miwae_and_mf_on_coat():
-    """Real MNAR data, seed 0, 300 iterations, K_pred 500: MCAR MSE not-MIWAE 1.205, MIWAE 1.488,
-    MF 1.222 (published MF 1.202). The MF margin is thin at this training budget."""
+    """Real MNAR data. MCAR MSE with 300 steps at lr 3e-3 and K_pred 200, seeds 0 / 1 / 2: not-MIWAE
+    1.110 / 1.124 / 1.149, MIWAE 1.354 / 1.342 / 1.364, MF 1.222 / 1.208 / 1.217 (published MF 1.202).
+    At the paper's lr 1e-3, 300 steps are not enough: not-MIWAE 1.205 / 1.226 / 1.209, level with MF."""
     if not (COAT / "train.ascii").exists():
         pytest.skip(f"Coat data not found at {COAT.resolve()}")
     data = load_coat(COAT)
     split = mcar_split(data, seed=0)
-    run = RatingsRun(data="coat", data_dir=str(COAT), iterations=300, importance_samples=500)
+    run = RatingsRun(data="coat", data_dir=str(COAT), iterations=300, lr=3e-3, importance_samples=200)
     mse = {name: fit_and_score(build(name, run, data, seed=0, progress=False), split)[0]["mse"]
            for name in ("notmiwae-gaussian", "miwae-gaussian", "mf")}
-    assert mse["notmiwae-gaussian"] < mse["miwae-gaussian"] - 0.2
-    assert mse["notmiwae-gaussian"] < mse["mf"]
+    assert mse["notmiwae-gaussian"] < mse["miwae-gaussian"] - 0.15
+    assert mse["notmiwae-gaussian"] < mse["mf"] - 0.05
