@@ -7,7 +7,8 @@ import importlib
 import sys
 
 # each module defines register(subparsers) which adds a parser whose `run` default takes the args
-PIPELINES = ("mnar_recsys.pipelines.demo", "mnar_recsys.pipelines.uci", "mnar_recsys.pipelines.svhn")
+PIPELINES = ("mnar_recsys.pipelines.demo", "mnar_recsys.pipelines.ratings", "mnar_recsys.pipelines.uci",
+             "mnar_recsys.pipelines.svhn")
 
 
 def build_parser() -> argparse.ArgumentParser:

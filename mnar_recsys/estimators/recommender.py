@@ -1,0 +1,184 @@
+"""The not-MIWAE as a recommender: cornac-style ``fit(train)`` / ``predict(users, items)``.
+
+The torch module is the core's ``NotMIWAE``; this wrapper owns its config, its training matrix (a
+user's prediction needs the user's observed ratings: they are what the encoder sees) and the
+importance-sampling imputation that turns the model into predictions.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from baselines._checks import check_fitted, check_pairs, check_ratings
+from mnar_recsys.inference.importance import ImportanceConfig, impute
+from mnar_recsys.models.config import ModelConfig, build_model
+from mnar_recsys.models.notmiwae import NotMIWAE
+from mnar_recsys.training import checkpoint
+from mnar_recsys.training.trainer import TrainConfig, fit
+
+TRAIN_FILE = "train.npz"
+
+# Named variants: ModelConfig fields on top of the defaults, which are the paper's Yahoo! R3 setup.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "notmiwae-gaussian": {},
+    "notmiwae-categorical": {"decoder": "categorical"},
+    "miwae-gaussian": {"missing": "mcar", "missing_factor": "sampled"},
+    "miwae-categorical": {"decoder": "categorical", "missing": "mcar", "missing_factor": "sampled"},
+    "notmiwae-gaussian-sampled": {"missing_factor": "sampled"},
+}
+
+
+@dataclass
+class RecommenderConfig:
+    """Everything a ``NotMIWAERecommender`` needs besides the data.
+
+    model: ``ModelConfig`` fields except ``n_features`` (set by ``fit`` from the train matrix);
+        unknown names or values are refused at construction.
+    train: optimisation (K, batch, iterations, lr, device, progress bar).
+    importance: prediction by importance sampling; ``n_samples`` is K_pred (1,000 by default for
+        speed, the paper uses 10,000).
+    rating_scale: predictions are clipped to it.
+    seed: the one seed of a fit: it initialises the network and overrides the seeds in ``train``
+        and ``importance``, so equal configs give equal predictions.
+    """
+
+    model: dict[str, Any] = field(default_factory=dict)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    importance: ImportanceConfig = field(default_factory=lambda: ImportanceConfig(n_samples=1_000))
+    rating_scale: tuple[float, float] = (1.0, 5.0)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.train, dict):
+            self.train = TrainConfig(**self.train)
+        if isinstance(self.importance, dict):
+            self.importance = ImportanceConfig(**self.importance)
+        self.rating_scale = tuple(self.rating_scale)
+        if "n_features" in self.model:
+            raise ValueError("model must not set n_features: fit takes it from the train matrix")
+        known = {f.name for f in fields(ModelConfig)}
+        unknown = set(self.model) - known
+        if unknown:
+            raise ValueError(f"unknown ModelConfig fields {sorted(unknown)}")
+        # validates the values now rather than at fit time, and normalises them (JSON lists -> tuples)
+        checked = self.model_config(1).to_dict()
+        self.model = {name: checked[name] for name in self.model}
+        if not self.rating_scale[0] < self.rating_scale[1]:
+            raise ValueError(f"rating_scale must be (low, high) with low < high, got {self.rating_scale}")
+
+    def model_config(self, n_features: int) -> ModelConfig:
+        """The ModelConfig for a train matrix with `n_features` items."""
+        return ModelConfig(n_features=n_features, **self.model)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class NotMIWAERecommender:
+    """A (not-)MIWAE fitted to a users x items rating matrix (Recommender protocol)."""
+
+    def __init__(self, config: RecommenderConfig | None = None, name: str = "notmiwae"):
+        self.config = config or RecommenderConfig()
+        self.name = name
+        self.model: NotMIWAE | None = None
+        self.train: sp.csr_matrix | None = None
+        self.history: list[tuple[int, float]] = []
+
+    def fit(self, train: sp.csr_matrix) -> "NotMIWAERecommender":
+        """Train on the stored (observed) ratings of `train`, one row per user."""
+        train = check_ratings(train)
+        cfg = self.config
+        torch.manual_seed(cfg.seed)
+        model = build_model(cfg.model_config(train.shape[1]))
+        self.history = fit(model, train, replace(cfg.train, seed=cfg.seed))
+        self.model, self.train = model, train
+        return self
+
+    def predict(self, users: np.ndarray, items: np.ndarray) -> np.ndarray:
+        """Conditional-mean ratings of (users[i], items[i]), clipped to the rating scale.
+
+        Each user is encoded from their training ratings and the items imputed by self-normalised
+        importance sampling; only the users asked about are processed.
+        """
+        check_fitted(self, "model")
+        users, items = check_pairs(users, items, self.train.shape)
+        if users.size == 0:
+            return np.zeros(0)
+        # impute() visits every row it is given, so hand it only the requested users' rows
+        present, rows = np.unique(users, return_inverse=True)
+        imputation = impute(self.model, self.train[present], rows=rows, cols=items, methods=("mean",),
+                            config=replace(self.config.importance, seed=self.config.seed))
+        return np.clip(imputation.mean, *self.config.rating_scale)
+
+    def save(self, directory: str | Path) -> Path:
+        """Write the model (checkpoint format), the recommender config and the train matrix."""
+        check_fitted(self, "model")
+        directory = checkpoint.save(self.model, self.config.model_config(self.train.shape[1]), directory,
+                                    extra={"recommender": {**self.config.to_dict(), "name": self.name}})
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".train.", suffix=".npz")
+        os.close(fd)
+        try:
+            sp.save_npz(tmp, self.train)
+            os.replace(tmp, directory / TRAIN_FILE)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | Path, map_location: str = "cpu") -> "NotMIWAERecommender":
+        """Rebuild a recommender written by `save`, ready to predict."""
+        directory = Path(directory)
+        if not (directory / TRAIN_FILE).is_file():
+            raise FileNotFoundError(f"{directory / TRAIN_FILE} is missing: not a saved recommender directory")
+        model, _, meta = checkpoint.load(directory, map_location=map_location)
+        if "recommender" not in meta:
+            raise ValueError(f"{directory} holds a model checkpoint but no recommender config")
+        settings = dict(meta["recommender"])
+        name = settings.pop("name")
+        recommender = cls(RecommenderConfig(**settings), name=name)
+        recommender.model, recommender.train = model, sp.load_npz(directory / TRAIN_FILE).tocsr()
+        return recommender
+
+
+def make_recommender(name: str, seed: int = 0, train: TrainConfig | None = None,
+                     importance: ImportanceConfig | None = None, rating_scale: tuple[float, float] = (1.0, 5.0),
+                     **model: Any) -> NotMIWAERecommender:
+    """The named variant (one of ``VARIANTS``); keyword `model` fields override the variant's."""
+    if name not in VARIANTS:
+        raise ValueError(f"unknown not-MIWAE variant {name!r}; choose from {', '.join(VARIANTS)}")
+    levels = {"levels": tuple(int(v) for v in rating_scale), "squash": tuple(float(v) for v in rating_scale)}
+    config = RecommenderConfig(model={**levels, **VARIANTS[name], **model}, train=train or TrainConfig(),
+                               importance=importance or ImportanceConfig(n_samples=1_000),
+                               rating_scale=rating_scale, seed=seed)
+    return NotMIWAERecommender(config, name=name)
+
+
+class OracleRecommender:
+    """Predicts a known matrix of expected ratings (the simulator's ``meta["oracle"]``): the floor any
+    model's squared error can reach on the simulator."""
+
+    name = "oracle"
+
+    def __init__(self, expected: np.ndarray):
+        self.expected = np.asarray(expected)
+        if self.expected.ndim != 2:
+            raise ValueError(f"the oracle needs a users x items matrix, got shape {self.expected.shape}")
+
+    def fit(self, train: sp.csr_matrix) -> "OracleRecommender":
+        """Nothing to learn; checks that `train` matches the oracle's shape."""
+        if train.shape != self.expected.shape:
+            raise ValueError(f"train shape {train.shape} != oracle shape {self.expected.shape}")
+        return self
+
+    def predict(self, users: np.ndarray, items: np.ndarray) -> np.ndarray:
+        users, items = check_pairs(users, items, self.expected.shape)
+        return self.expected[users, items].astype(np.float64)

@@ -1,0 +1,98 @@
+"""NotMIWAERecommender: fit / predict on simulated ratings, variants, save / load, the oracle."""
+
+import numpy as np
+import pytest
+
+from baselines.registry import make_baseline
+from mnar_recsys.data import SimulatorConfig, simulate_ratings
+from mnar_recsys.estimators.recommender import (
+    VARIANTS,
+    NotMIWAERecommender,
+    OracleRecommender,
+    RecommenderConfig,
+    make_recommender,
+)
+from mnar_recsys.evaluation.protocol import fit_and_score, mcar_split
+from mnar_recsys.inference.importance import ImportanceConfig
+from mnar_recsys.training.trainer import TrainConfig
+
+QUICK = {"train": TrainConfig(iterations=30, progress=False), "importance": ImportanceConfig(n_samples=50)}
+
+
+@pytest.mark.parametrize("name", ["notmiwae-gaussian", "notmiwae-categorical", "miwae-gaussian"])
+def test_predictions_are_finite_and_on_the_rating_scale(small_ratings, name):
+    users, items, _ = small_ratings.test_triples()
+    model = make_recommender(name, seed=0, **QUICK).fit(small_ratings.train)
+    predicted = model.predict(users, items)
+    assert predicted.shape == users.shape
+    assert np.isfinite(predicted).all() and predicted.min() >= 1 and predicted.max() <= 5
+    assert predicted.std() > 0  # not a constant
+
+
+def test_variants_set_the_paper_choices():
+    def model_config(name):
+        return make_recommender(name).config.model_config(10)
+
+    assert set(VARIANTS) == {"notmiwae-gaussian", "notmiwae-categorical", "miwae-gaussian", "miwae-categorical",
+                             "notmiwae-gaussian-sampled"}
+    gaussian = model_config("notmiwae-gaussian")
+    assert (gaussian.decoder, gaussian.missing, gaussian.missing_sign, gaussian.missing_factor) == (
+        "gaussian", "itemwise", 1, "integrated")
+    assert model_config("notmiwae-categorical").decoder == "categorical"
+    assert model_config("miwae-categorical").missing == "mcar"
+    assert model_config("notmiwae-gaussian-sampled").missing_factor == "sampled"
+    assert make_recommender("notmiwae-gaussian").config.importance.n_samples == 1_000
+    assert make_recommender("notmiwae-gaussian", latent_dim=5).config.model_config(10).latent_dim == 5
+
+
+def test_bad_names_and_fields_are_refused():
+    with pytest.raises(ValueError, match="unknown not-MIWAE variant"):
+        make_recommender("notmiwae-poisson")
+    with pytest.raises(ValueError, match="unknown ModelConfig fields"):
+        RecommenderConfig(model={"latent": 3})
+    with pytest.raises(ValueError, match="n_features"):
+        RecommenderConfig(model={"n_features": 3})
+    with pytest.raises(ValueError, match="not fitted"):
+        make_recommender("notmiwae-gaussian").predict(np.array([0]), np.array([0]))
+
+
+def test_same_seed_same_predictions_and_save_load_round_trip(small_ratings, tmp_path):
+    users, items, _ = small_ratings.test_triples()
+    model = make_recommender("notmiwae-gaussian", seed=3, **QUICK).fit(small_ratings.train)
+    predicted = model.predict(users, items)
+    again = make_recommender("notmiwae-gaussian", seed=3, **QUICK).fit(small_ratings.train).predict(users, items)
+    np.testing.assert_allclose(again, predicted, rtol=1e-5)
+    model.save(tmp_path / "model")
+    assert not [p for p in (tmp_path / "model").iterdir() if p.name.startswith(".")]  # no temp files left
+    loaded = NotMIWAERecommender.load(tmp_path / "model")
+    assert loaded.name == "notmiwae-gaussian" and loaded.config == model.config
+    np.testing.assert_allclose(loaded.predict(users, items), predicted, rtol=1e-5)
+    with pytest.raises(FileNotFoundError):
+        NotMIWAERecommender.load(tmp_path / "nothing")
+
+
+def test_oracle_predicts_the_expected_ratings(small_ratings):
+    users, items, _ = small_ratings.test_triples()
+    oracle = OracleRecommender(small_ratings.meta["oracle"]).fit(small_ratings.train)
+    np.testing.assert_array_equal(oracle.predict(users, items), small_ratings.meta["oracle"][users, items])
+
+
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow)])
+def test_notmiwae_beats_miwae_and_mf_on_simulated_mnar_ratings(seed):
+    """Measured MCAR MSE (1,000 users x 100 items, 400 iterations, K_pred 200), seeds 0 / 1 / 2:
+    oracle 0.425 / 0.400 / 0.414, not-MIWAE 0.978 / 0.928 / 0.898, MF 1.242 / 1.148 / 1.232,
+    MIWAE 1.613 / 1.558 / 1.537. Seed 1 is marked slow to keep the default run short."""
+    data = simulate_ratings(SimulatorConfig(n_users=1_000, n_items=100, n_test_users=333, seed=seed))
+    split = mcar_split(data, seed)
+    train, importance = TrainConfig(iterations=400, progress=False), ImportanceConfig(n_samples=200)
+
+    def score(model) -> float:
+        return fit_and_score(model, split)[0]["mse"]
+
+    notmiwae = score(make_recommender("notmiwae-gaussian", seed=seed, train=train, importance=importance))
+    miwae = score(make_recommender("miwae-gaussian", seed=seed, train=train, importance=importance))
+    mf = score(make_baseline("mf", seed=seed))
+    oracle = score(OracleRecommender(data.meta["oracle"]))
+    assert notmiwae < mf - 0.15
+    assert notmiwae < miwae - 0.4
+    assert notmiwae < oracle + 0.6  # the part of the MNAR bias left after 400 steps

@@ -1,0 +1,63 @@
+"""`mnar-recsys ratings`: the files it writes, and not-MIWAE's advantage on MCAR ratings."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from mnar_recsys.cli import main
+from mnar_recsys.data import load_coat
+from mnar_recsys.evaluation.protocol import fit_and_score, mcar_split
+from mnar_recsys.pipelines.ratings import RatingsRun, build
+
+REQUIRED = {"model", "seed", "mse", "mae", "ndcg@5", "per_rating", "train_seconds", "predict_seconds", "n_test",
+            "config", "provenance"}
+# The shared copy sits beside the project root; MNAR_RECSYS_COAT_DIR overrides it.
+COAT = Path(os.environ.get("MNAR_RECSYS_COAT_DIR",
+                          Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "coat"))
+
+
+def test_cli_writes_results_table_and_plots(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["ratings", "--users", "300", "--items", "60", "--iterations", "20", "--importance-samples", "20",
+                 "--seeds", "0,1", "--models", "notmiwae-gaussian,mf,mf-ips,train-mean,oracle",
+                 "--estimator-k", "10,20", "--out", str(out), "--no-progress"])
+    assert code == 0
+    assert sorted(p.name for p in out.iterdir()) == ["per_rating_mse.png", "predictions_histogram.png",
+                                                     "results.json", "results.md"]  # no temp files left
+    results = json.loads((out / "results.json").read_text())
+    assert len(results["records"]) == 10
+    for record in results["records"]:
+        assert REQUIRED <= set(record)
+        assert record["config"]["run"]["iterations"] == 20 and record["provenance"]["package_version"]
+    by_seed = {}
+    for record in results["records"]:
+        by_seed.setdefault(record["seed"], set()).add(record["n_test"])
+    assert all(len(n) == 1 for n in by_seed.values())  # every model of a seed scored on the same entries
+    assert {(r["missing_factor"], r["k"]) for r in results["estimator_k"]} == {
+        ("sampled", 10), ("sampled", 20), ("integrated", 10), ("integrated", 20)}
+    printed = capsys.readouterr().out
+    assert "| notmiwae-gaussian | 2 |" in printed and "| oracle | 2 |" in printed
+    assert "| model | seeds | MCAR MSE" in (out / "results.md").read_text()
+
+
+def test_cli_refuses_bad_requests(tmp_path, capsys):
+    assert main(["ratings", "--models", "notmiwae-poisson", "--out", str(tmp_path)]) == 2
+    assert main(["ratings", "--data", "coat", "--out", str(tmp_path)]) == 2
+    assert "needs --data-dir" in capsys.readouterr().err
+
+
+def test_notmiwae_beats_miwae_and_mf_on_coat():
+    """Real MNAR data. MCAR MSE with 300 steps at lr 3e-3 and K_pred 200, seeds 0 / 1 / 2: not-MIWAE
+    1.110 / 1.124 / 1.149, MIWAE 1.354 / 1.342 / 1.364, MF 1.222 / 1.208 / 1.217 (published MF 1.202).
+    At the paper's lr 1e-3, 300 steps are not enough: not-MIWAE 1.205 / 1.226 / 1.209, level with MF."""
+    if not (COAT / "train.ascii").exists():
+        pytest.skip(f"Coat data not found at {COAT.resolve()}")
+    data = load_coat(COAT)
+    split = mcar_split(data, seed=0)
+    run = RatingsRun(data="coat", data_dir=str(COAT), iterations=300, lr=3e-3, importance_samples=200)
+    mse = {name: fit_and_score(build(name, run, data, seed=0, progress=False), split)[0]["mse"]
+           for name in ("notmiwae-gaussian", "miwae-gaussian", "mf")}
+    assert mse["notmiwae-gaussian"] < mse["miwae-gaussian"] - 0.15
+    assert mse["notmiwae-gaussian"] < mse["mf"] - 0.05
