@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from mnar_recsys.pipelines.arguments import add_config_options, config_from_options
 from mnar_recsys.data.amputation import apply_mask, paper_self_masking, standardize
 from mnar_recsys.inference.importance import ImportanceConfig, impute
 from mnar_recsys.models.config import ModelConfig, build_model
@@ -69,14 +70,12 @@ def run_demo(config: DemoConfig, progress: bool = False) -> dict[str, float]:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("demo", help="synthetic self-masking demo: MIWAE vs not-MIWAE imputation RMSE")
-    defaults = DemoConfig()
-    for field, value in asdict(defaults).items():
-        parser.add_argument(f"--{field.replace('_', '-')}", type=type(value), default=value)
+    add_config_options(parser, DemoConfig)
     parser.set_defaults(run=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    config = DemoConfig(**{f: getattr(args, f) for f in asdict(DemoConfig())})
+    config = config_from_options(args, DemoConfig)
     start = time.perf_counter()
     results = run_demo(config, progress=True)
     print(f"imputation RMSE on self-masked entries ({config.n_rows} rows x {config.n_features} features, "

@@ -21,6 +21,7 @@ import torch
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
+from mnar_recsys.pipelines.arguments import add_config_options, config_from_options
 from mnar_recsys.data.amputation import apply_mask
 from mnar_recsys.data.svhn import B, W, clipping_mask, digits_stand_in, load_svhn
 from mnar_recsys.evaluation.metrics import imputation_rmse
@@ -223,8 +224,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "--data-dir) or 'svhn' (needs --data-dir)")
     parser.add_argument("--data-dir", default=None, help="folder with train_32x32.mat and test_32x32.mat")
     parser.add_argument("--out", type=Path, default=Path("results/svhn"))
-    for field, value in asdict(SVHNConfig()).items():
-        parser.add_argument(f"--{field.replace('_', '-')}", type=type(value), default=value)
+    add_config_options(parser, SVHNConfig)
     parser.set_defaults(run=_run)
 
 
@@ -233,7 +233,7 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError("--data svhn needs --data-dir with the SVHN .mat files")
     if args.data == "digits" and args.data_dir is not None:
         raise ValueError("--data digits takes no --data-dir")
-    config = SVHNConfig(**{f: getattr(args, f) for f in asdict(SVHNConfig())})
+    config = config_from_options(args, SVHNConfig)
     payload = run_svhn(config, args.out, args.data_dir)
     print(results_markdown(payload))
     print(f"wrote {args.out}/results.json, results.md, histograms.png, images.png")

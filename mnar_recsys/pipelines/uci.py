@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from baselines.dense_imputers import DENSE_IMPUTERS, make_dense_imputer
+from mnar_recsys.pipelines.arguments import add_config_options, config_from_options
 from mnar_recsys.data.amputation import apply_mask, paper_self_masking, standardize
 from mnar_recsys.data.uci import UCI_DATASETS, load_uci
 from mnar_recsys.estimators.imputer import NotMIWAEImputer
@@ -164,14 +165,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="folder with the UCI files (default: $MNAR_RECSYS_UCI_DIR; Breast falls back to "
                              "scikit-learn's copy)")
     parser.add_argument("--out", type=Path, default=Path("results/uci"))
-    defaults = UCIConfig()
-    for field, value in asdict(defaults).items():
-        parser.add_argument(f"--{field.replace('_', '-')}", type=type(value), default=value)
+    add_config_options(parser, UCIConfig)
     parser.set_defaults(run=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    config = UCIConfig(**{f: getattr(args, f) for f in asdict(UCIConfig())})
+    config = config_from_options(args, UCIConfig)
     datasets = list(UCI_DATASETS) if args.dataset == "all" else [args.dataset]
     records = run_uci(datasets, args.models, config, args.out, args.data_dir)
     print(results_markdown(records, config))
