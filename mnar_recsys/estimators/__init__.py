@@ -1,1 +1,1 @@
-"""Recommenders: the core models behind the cornac-style fit(train) / predict(users, items) interface."""
+"""The core models behind familiar interfaces: a fit / predict recommender and a scikit-learn imputer."""
