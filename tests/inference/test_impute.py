@@ -13,18 +13,10 @@ N_FEATURES, LATENT, VARIANCE = 5, 2, 0.3
 
 
 @pytest.fixture(scope="module")
-def ppca():
-    """A PPCA-like MIWAE (linear decoder, one noise variance, MCAR) with fixed random W, b, σ² = 0.3, rows drawn
-    from it with about 40% missing (first feature always observed), and the exact conditional mean of each
-    missing entry, b_m + C_mo C_oo⁻¹ (x_o - b_o) with C = W Wᵀ + σ² I."""
-    torch.manual_seed(0)
-    config = ModelConfig(n_features=N_FEATURES, latent_dim=LATENT, activation="tanh", encoder="mlp",
-                         encoder_hidden=(16,), decoder="linear", missing="mcar", missing_factor="sampled")
-    model = build_model(config)
-    with torch.no_grad():
-        model.decoder.mean_head.weight.normal_(0.0, 1.0)
-        model.decoder.mean_head.bias.normal_(0.0, 0.5)
-        model.decoder.raw_var.fill_(math.log(math.expm1(VARIANCE - config.min_variance)))
+def ppca(ppca_model):
+    """The PPCA-like MIWAE of conftest, rows drawn from it with about 40% missing (first feature always observed),
+    and the exact conditional mean of each missing entry, b_m + C_mo C_oo⁻¹ (x_o - b_o) with C = W Wᵀ + σ² I."""
+    model = ppca_model
     weight = model.decoder.mean_head.weight.detach().double().numpy()
     bias = model.decoder.mean_head.bias.detach().double().numpy()
     rng = np.random.default_rng(1)

@@ -9,10 +9,8 @@ from scipy.stats import multivariate_normal
 
 from mnar_recsys.data.rows import as_rows
 from mnar_recsys.inference.importance import ImportanceConfig, log_likelihood
-from mnar_recsys.models.config import ModelConfig, build_model
 from mnar_recsys.models.notmiwae import NotMIWAE
 
-PPCA_FEATURES, PPCA_LATENT, PPCA_VARIANCE = 5, 2, 0.3
 N_ROWS, REPEATS = 6, 200
 
 
@@ -23,24 +21,6 @@ def linear_gaussian_parameters(model: NotMIWAE) -> tuple[np.ndarray, np.ndarray,
     variance = torch.nn.functional.softplus(decoder.raw_var.detach().double()) + decoder.min_variance
     return (decoder.mean_head.weight.detach().double().numpy(), decoder.mean_head.bias.detach().double().numpy(),
             float(variance))
-
-
-@pytest.fixture
-def ppca_model() -> NotMIWAE:
-    """The PPCA-like MIWAE (linear decoder, one noise variance, MCAR) with fixed random W, b and σ² = 0.3.
-
-    The encoder is an untrained MLP: the bound holds for any q, and a poor q makes the gap to
-    log p(x_o) large at K = 1, so its shrinking with K is visible.
-    """
-    torch.manual_seed(0)
-    config = ModelConfig(n_features=PPCA_FEATURES, latent_dim=PPCA_LATENT, activation="tanh", encoder="mlp",
-                         encoder_hidden=(16,), decoder="linear", missing="mcar", missing_factor="sampled")
-    model = build_model(config)
-    with torch.no_grad():
-        model.decoder.mean_head.weight.normal_(0.0, 1.0)
-        model.decoder.mean_head.bias.normal_(0.0, 0.5)
-        model.decoder.raw_var.fill_(math.log(math.expm1(PPCA_VARIANCE - config.min_variance)))
-    return model.eval()
 
 
 def exact_log_marginal(model, rows: np.ndarray) -> np.ndarray:
@@ -60,8 +40,8 @@ def ppca_rows(ppca_model) -> np.ndarray:
     """Rows drawn from the model itself, about 40% of entries missing, the first feature always observed."""
     weight, bias, variance = linear_gaussian_parameters(ppca_model)
     rng = np.random.default_rng(1)
-    z = rng.standard_normal((N_ROWS, PPCA_LATENT))
-    rows = z @ weight.T + bias + math.sqrt(variance) * rng.standard_normal((N_ROWS, PPCA_FEATURES))
+    z = rng.standard_normal((N_ROWS, weight.shape[1]))
+    rows = z @ weight.T + bias + math.sqrt(variance) * rng.standard_normal((N_ROWS, weight.shape[0]))
     missing = rng.random(rows.shape) < 0.4
     missing[:, 0] = False
     rows[missing] = np.nan
