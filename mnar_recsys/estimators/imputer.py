@@ -68,7 +68,7 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
     random_state: seeds initialisation, training and imputation (None: fresh randomness).
     device: 'cpu' or 'cuda'; progress: show training progress bars.
 
-    Attributes: model_ (the trained `NotMIWAE`), history_ ((iteration, bound) pairs), n_features_in_,
+    Attributes: model_ (the trained `NotMIWAE`), history_ (the training `History`), n_features_in_,
     mean_ and scale_ (the fitted standardisation), seed_ (the integer seed actually used).
     """
 

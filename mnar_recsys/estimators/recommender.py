@@ -22,7 +22,7 @@ from mnar_recsys.inference.importance import ImportanceConfig, impute
 from mnar_recsys.models.config import ModelConfig, build_model
 from mnar_recsys.models.notmiwae import NotMIWAE
 from mnar_recsys.training import checkpoint
-from mnar_recsys.training.trainer import TrainConfig, fit
+from mnar_recsys.training.trainer import History, TrainConfig, fit
 
 TRAIN_FILE = "train.npz"
 
@@ -90,7 +90,7 @@ class NotMIWAERecommender:
         self.name = name
         self.model: NotMIWAE | None = None
         self.train: sp.csr_matrix | None = None
-        self.history: list[tuple[int, float]] = []
+        self.history: History | None = None
 
     def fit(self, train: sp.csr_matrix) -> "NotMIWAERecommender":
         """Train on the stored (observed) ratings of `train`, one row per user."""

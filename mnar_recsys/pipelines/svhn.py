@@ -136,7 +136,7 @@ def train_and_score(missing: str, train_images: np.ndarray, masked: np.ndarray, 
     scores = {"rmse": imputation_rmse(complete, imputed, mask), "test_log_likelihood": float(ll.mean()),
               "fraction_imputed_above_clip": float((imputation.mean > B).mean()),
               "mean_ess": float(imputation.ess.mean()), "seconds": time.perf_counter() - start,
-              "final_bound": history[-1][1], "model_config": cfg.to_dict()}
+              "final_bound": history.bound[-1][1], "model_config": cfg.to_dict()}
     return scores, imputed
 
 

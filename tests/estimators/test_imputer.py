@@ -64,7 +64,7 @@ def test_mask_accuracy_and_fitted_attributes(self_masked):
     X, mask, Xm = self_masked
     imputer = NotMIWAEImputer(**SHORT).fit(Xm)
     assert imputer.n_features_in_ == 6 and imputer.model_.latent_dim == 5
-    assert imputer.history_ and imputer.history_[-1][0] == SHORT["iterations"]
+    assert imputer.history_.bound and imputer.history_.bound[-1][0] == SHORT["iterations"]
     assert imputer.mask_accuracy(X, mask) > 0.8
     miwae = NotMIWAEImputer(**{**TINY, "missing": "mcar"}).fit(Xm)
     with pytest.raises(ValueError, match="no missing model"):

@@ -43,7 +43,7 @@ def test_fit_increases_the_bound(ratings):
     model, history = trained(ratings)
     after = mean_bound(model, ratings)
     print(f"bound per row before {before:.3f}, after {after:.3f}; history {history}")
-    assert [i for i, _ in history] == [50, 100]
+    assert [i for i, _ in history.bound] == [50, 100]
     assert after > before + 1.0
 
 
@@ -71,3 +71,18 @@ def test_checkpoint_round_trip_gives_identical_bounds(ratings, tmp_path):
     for (name, a), b in zip(model.state_dict().items(), loaded.state_dict().values()):
         assert torch.equal(a, b), name
     assert mean_bound(loaded, ratings, seed=5) == mean_bound(model, ratings, seed=5)
+
+
+def test_validation_keeps_the_parameters_with_the_best_held_out_bound(ratings):
+    """With rows held out, fit checks their bound every `validation_every` steps and ends with the
+    parameters of the best check."""
+    torch.manual_seed(0)
+    model = build_model(CONFIG)
+    config = TrainConfig(iterations=120, batch_size=TRAIN.batch_size, n_samples=TRAIN.n_samples, seed=0,
+                         progress=False, validation_fraction=0.25, validation_every=40)
+    history = fit(model, ratings, config)
+    assert [i for i, _ in history.validation] == [40, 80, 120]
+    best = max(history.validation, key=lambda entry: entry[1])
+    assert history.best_iteration == best[0]
+    with pytest.raises(ValueError, match="validation_fraction"):
+        TrainConfig(validation_fraction=1.0)
