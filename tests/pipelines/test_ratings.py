@@ -61,3 +61,16 @@ def test_notmiwae_beats_miwae_and_mf_on_coat():
            for name in ("notmiwae-gaussian", "miwae-gaussian", "mf")}
     assert mse["notmiwae-gaussian"] < mse["miwae-gaussian"] - 0.15
     assert mse["notmiwae-gaussian"] < mse["mf"] - 0.05
+
+
+def test_cli_validation_fraction_records_the_kept_iteration(tmp_path):
+    """--validation-fraction holds out train users, checks their bound and records the iteration kept."""
+    out = tmp_path / "run"
+    code = main(["ratings", "--users", "300", "--items", "60", "--iterations", "500", "--importance-samples", "20",
+                 "--seeds", "0", "--models", "notmiwae-gaussian,mf", "--validation-fraction", "0.2",
+                 "--out", str(out), "--no-progress"])
+    assert code == 0
+    records = {r["model"]: r for r in json.loads((out / "results.json").read_text())["records"]}
+    assert records["notmiwae-gaussian"]["best_iteration"] in (250, 500)
+    assert records["notmiwae-gaussian"]["config"]["run"]["validation_fraction"] == 0.2
+    assert "best_iteration" not in records["mf"]
