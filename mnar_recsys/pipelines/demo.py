@@ -15,6 +15,7 @@ import torch
 
 from mnar_recsys.pipelines.arguments import add_config_options, config_from_options
 from mnar_recsys.data.amputation import apply_mask, paper_self_masking, standardize
+from mnar_recsys.estimators.imputer import NotMIWAEImputer
 from mnar_recsys.inference.importance import ImportanceConfig, impute
 from mnar_recsys.models.config import ModelConfig, build_model
 from mnar_recsys.training.trainer import TrainConfig, fit
@@ -43,12 +44,9 @@ def low_rank_self_masked(config: DemoConfig) -> tuple[np.ndarray, np.ndarray]:
 
 
 def demo_model_config(n_features: int, missing: str) -> ModelConfig:
-    """The paper's UCI architecture: MLP encoder and decoder with 128 tanh units, latent p - 1,
-    per-row variances; 'self-masking-known' assumes large values go missing."""
-    return ModelConfig(n_features=n_features, latent_dim=n_features - 1, activation="tanh", encoder="mlp",
-                       decoder="gaussian", decoder_hidden=(128, 128), squash=None, variance="per_row",
-                       missing=missing, missing_sign=-1,
-                       missing_factor="sampled" if missing == "mcar" else "integrated")
+    """The paper's UCI architecture, as the scikit-learn imputer builds it (MLP encoder and decoder with
+    128 tanh units, latent p - 1, per-row variances; 'self-masking-known' with large values missing)."""
+    return NotMIWAEImputer(missing=missing, missing_sign=-1, hidden=128).model_config(n_features)
 
 
 def run_demo(config: DemoConfig, progress: bool = False) -> dict[str, float]:
