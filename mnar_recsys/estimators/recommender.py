@@ -7,8 +7,6 @@ importance-sampling imputation that turns the model into predictions.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,7 @@ import scipy.sparse as sp
 import torch
 
 from baselines._checks import check_fitted, check_pairs, check_ratings
+from mnar_recsys.evaluation.reports import atomic_path
 from mnar_recsys.inference.importance import ImportanceConfig, impute
 from mnar_recsys.models.config import ModelConfig, build_model
 from mnar_recsys.models.notmiwae import NotMIWAE
@@ -123,14 +122,8 @@ class NotMIWAERecommender:
         check_fitted(self, "model")
         directory = checkpoint.save(self.model, self.config.model_config(self.train.shape[1]), directory,
                                     extra={"recommender": {**self.config.to_dict(), "name": self.name}})
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".train.", suffix=".npz")
-        os.close(fd)
-        try:
+        with atomic_path(directory / TRAIN_FILE, suffix=".npz") as tmp:
             sp.save_npz(tmp, self.train)
-            os.replace(tmp, directory / TRAIN_FILE)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
         return directory
 
     @classmethod

@@ -7,6 +7,8 @@ import os
 import platform
 import subprocess
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,19 +31,28 @@ def provenance() -> dict[str, Any]:
             "python": platform.python_version(), "machine": platform.machine()}
 
 
-def write_atomic(path: str | Path, text: str) -> Path:
-    """Write `text` to `path` through a temporary file in the same folder, so no half-written file remains."""
+@contextmanager
+def atomic_path(path: str | Path, suffix: str = ".tmp") -> Iterator[Path]:
+    """Yield a temporary path beside `path` to write to; on success it replaces `path` in one step, on
+    failure it is removed, so no half-written file remains. `suffix` keeps writers that go by the
+    extension (numpy, matplotlib) happy."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        yield Path(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path
+
+
+def write_atomic(path: str | Path, text: str) -> Path:
+    """Write `text` to `path` atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)
 
 
 def _jsonable(value: Any) -> Any:
@@ -65,17 +76,9 @@ def write_json(path: str | Path, payload: Any) -> Path:
 
 def save_figure(figure: Any, path: str | Path, dpi: int = 120) -> Path:
     """Atomically save a matplotlib figure as PNG."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-    os.close(fd)
-    try:
+    with atomic_path(path, suffix=".png") as tmp:
         figure.savefig(tmp, dpi=dpi, bbox_inches="tight")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return Path(path)
 
 
 def summarise(values: list[float], error: str = "sd") -> str:

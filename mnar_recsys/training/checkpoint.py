@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import torch
 
-from mnar_recsys.evaluation.reports import write_json
+from mnar_recsys.evaluation.reports import atomic_path, write_json
 from mnar_recsys.models.config import ModelConfig, build_model
 from mnar_recsys.models.notmiwae import NotMIWAE
 
@@ -19,15 +17,8 @@ CONFIG_FILE, STATE_FILE = "config.json", "state.pt"
 def save(model: NotMIWAE, config: ModelConfig, directory: str | Path, extra: dict | None = None) -> Path:
     """Write config.json (the model config plus `extra`, e.g. the training config) and state.pt."""
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".state.", suffix=".tmp")
-    os.close(fd)
-    try:
+    with atomic_path(directory / STATE_FILE) as tmp:
         torch.save(model.state_dict(), tmp)
-        os.replace(tmp, directory / STATE_FILE)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     write_json(directory / CONFIG_FILE, {"model": config.to_dict(), **(extra or {})})
     return directory
 
