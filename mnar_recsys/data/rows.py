@@ -1,13 +1,14 @@
 """Rows in, one model path: sparse CSR ratings and dense NaN tables become the same `RowBatch`.
 
-A `RowSource` validates its input once and cuts batches of rows. A batch carries the row values with
-zeros at missing entries, the mask (1 = observed) and the coordinates of the observed entries, so the
-set encoder can work with segment sums whose cost grows with the number of observed entries.
+A `RowSource` validates its input once and cuts batches of rows. A batch carries the coordinates and
+values of the observed entries, so the set encoder works with segment sums whose cost grows with the
+number of observed entries; the dense values and mask are derived from them when a path needs them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import scipy.sparse as sp
@@ -16,43 +17,47 @@ import torch
 
 @dataclass
 class RowBatch:
-    """A batch of B rows over p features.
+    """A batch of `n_rows` rows over `n_features` features, held as its observed entries.
 
-    values: (B, p) observed values, 0 where missing; mask: (B, p) float, 1 = observed;
     obs_row / obs_col / obs_value: (nnz,) coordinates and values of the observed entries.
+    `values` ((B, p), 0 where missing) and `mask` ((B, p), 1 = observed) are built on first use on
+    the batch's device, so a path that needs only the observed entries never forms a (B, p) tensor.
     """
 
-    values: torch.Tensor
-    mask: torch.Tensor
     obs_row: torch.Tensor
     obs_col: torch.Tensor
     obs_value: torch.Tensor
+    n_rows: int
+    n_features: int
 
-    @property
-    def n_rows(self) -> int:
-        return self.values.shape[0]
+    @cached_property
+    def values(self) -> torch.Tensor:
+        dense = self.obs_value.new_zeros(self.n_rows, self.n_features)
+        dense[self.obs_row, self.obs_col] = self.obs_value
+        return dense
 
-    @property
-    def n_features(self) -> int:
-        return self.values.shape[1]
+    @cached_property
+    def mask(self) -> torch.Tensor:
+        dense = self.obs_value.new_zeros(self.n_rows, self.n_features)
+        dense[self.obs_row, self.obs_col] = 1.0
+        return dense
 
     def to(self, device: torch.device | str) -> "RowBatch":
-        return RowBatch(*(t.to(device) for t in (self.values, self.mask, self.obs_row, self.obs_col, self.obs_value)))
+        return RowBatch(self.obs_row.to(device), self.obs_col.to(device), self.obs_value.to(device),
+                        self.n_rows, self.n_features)
 
 
 def _batch_from_coordinates(n_rows: int, n_features: int, rows: np.ndarray, cols: np.ndarray,
                             vals: np.ndarray) -> RowBatch:
-    values = np.zeros((n_rows, n_features), dtype=np.float32)
-    mask = np.zeros((n_rows, n_features), dtype=np.float32)
-    values[rows, cols] = vals
-    mask[rows, cols] = 1.0
-    return RowBatch(
-        values=torch.from_numpy(values),
-        mask=torch.from_numpy(mask),
-        obs_row=torch.from_numpy(rows.astype(np.int64)),
-        obs_col=torch.from_numpy(cols.astype(np.int64)),
-        obs_value=torch.from_numpy(vals.astype(np.float32)),
-    )
+    return RowBatch(torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64)),
+                    torch.from_numpy(np.ascontiguousarray(cols, dtype=np.int64)),
+                    torch.from_numpy(np.ascontiguousarray(vals, dtype=np.float32)), n_rows, n_features)
+
+
+def batch_from_csr(sub: sp.csr_matrix) -> RowBatch:
+    """The batch holding every row of a (small, in-memory) CSR matrix; stored entries are observed."""
+    rows = np.repeat(np.arange(sub.shape[0]), np.diff(sub.indptr))
+    return _batch_from_coordinates(sub.shape[0], sub.shape[1], rows, sub.indices, sub.data)
 
 
 class RowSource:
@@ -81,9 +86,7 @@ class CSRRows(RowSource):
         self.n_rows, self.n_features = matrix.shape
 
     def batch(self, index: np.ndarray) -> RowBatch:
-        sub = self.matrix[np.asarray(index)]
-        rows = np.repeat(np.arange(sub.shape[0]), np.diff(sub.indptr))
-        return _batch_from_coordinates(sub.shape[0], self.n_features, rows, sub.indices, sub.data)
+        return batch_from_csr(self.matrix[np.asarray(index)])
 
     def observed_values(self) -> np.ndarray:
         return self.matrix.data

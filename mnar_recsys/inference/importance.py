@@ -265,7 +265,7 @@ def _impute_chunk(model: NotMIWAE, batch: RowBatch, cols: torch.Tensor, methods:
                   config: ImportanceConfig) -> dict[str, np.ndarray]:
     observed = batch.mask.gather(1, cols)
     keep_all = "median" in methods or "multiple" in methods
-    running_max = torch.full((batch.n_rows,), -float("inf"), device=batch.values.device)
+    running_max = torch.full((batch.n_rows,), -float("inf"), device=batch.obs_value.device)
     weight_sum = torch.zeros_like(running_max)
     weight_sq_sum = torch.zeros_like(running_max)
     mean_sum = torch.zeros(cols.shape, device=cols.device)
@@ -311,7 +311,7 @@ def log_likelihood(model: NotMIWAE, data: "np.ndarray | sp.spmatrix | RowSource"
     for start in range(0, source.n_rows, config.row_chunk):
         stop = min(start + config.row_chunk, source.n_rows)
         batch = source.batch(np.arange(start, stop)).to(config.device)
-        total = torch.full((stop - start,), -float("inf"), device=batch.values.device)
+        total = torch.full((stop - start,), -float("inf"), device=batch.obs_value.device)
         for log_w, _ in _sample_chunks(model, batch, config):
             total = torch.logaddexp(total, torch.logsumexp(log_w, dim=1))
         out[start:stop] = (total - math.log(config.n_samples)).cpu().numpy()
