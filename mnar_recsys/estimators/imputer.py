@@ -66,7 +66,7 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
     standardize: scale features by the observed mean / sd before fitting (imputations are returned in
         the original units either way).
     random_state: seeds initialisation, training and imputation (None: fresh randomness).
-    device: 'cpu' or 'cuda'; progress: show training progress bars.
+    device: 'auto' (CUDA when available), 'cpu' or 'cuda'; progress: show training progress bars.
 
     Attributes: model_ (the trained `NotMIWAE`), history_ (the training `History`), n_features_in_,
     mean_ and scale_ (the fitted standardisation), seed_ (the integer seed actually used).
@@ -76,7 +76,7 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
                  latent_dim: int | None = None, hidden: int = 128, n_samples: int = 20, iterations: int = 100_000,
                  batch_size: int = 16, lr: float = 1e-3, importance_samples: int = 10_000,
                  missing_factor: str = "auto", standardize: bool = True, random_state: int | None = None,
-                 device: str = "cpu", progress: bool = False):
+                 device: str = "auto", progress: bool = False):
         self.decoder = decoder
         self.missing = missing
         self.missing_sign = missing_sign

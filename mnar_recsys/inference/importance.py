@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from mnar_recsys.data.rows import RowBatch, RowSource
+from mnar_recsys.devices import resolve_device
 from mnar_recsys.models.decoders import Params
 from mnar_recsys.models.notmiwae import NotMIWAE
 from mnar_recsys.training.trainer import prepare_rows
@@ -27,14 +28,14 @@ METHODS = ("mean", "median", "multiple")
 class ImportanceConfig:
     """n_samples: K; row_chunk: rows per pass; chunk_entries: size of one (rows x samples x features)
     tensor, which sets the samples per sub-chunk; seed: seeds the draws; n_imputations: draws per entry
-    for multiple imputation; device: where to compute; progress: show a tqdm bar."""
+    for multiple imputation; device: where to compute ('auto': CUDA when available); progress: show a tqdm bar."""
 
     n_samples: int = 10_000
     row_chunk: int = 64
     chunk_entries: int = 2 ** 21
     seed: int = 0
     n_imputations: int = 5
-    device: str = "cpu"
+    device: str = "auto"
     progress: bool = False
 
     def __post_init__(self) -> None:
@@ -214,7 +215,8 @@ def impute(model: NotMIWAE, data: "np.ndarray | sp.spmatrix | RowSource", rows: 
                       or cols.max() >= source.n_features):
         raise ValueError(f"targets must lie in the {source.n_rows} x {source.n_features} rows")
     torch.manual_seed(config.seed)
-    model.to(config.device).eval()
+    device = resolve_device(config.device)
+    model.to(device).eval()
     order, indptr = _targets_per_row(rows, cols, source.n_rows)
     cols_sorted = cols[order]
     results = {m: np.zeros(rows.size) for m in ("mean", "median")}
@@ -224,8 +226,8 @@ def impute(model: NotMIWAE, data: "np.ndarray | sp.spmatrix | RowSource", rows: 
     for start in range(0, source.n_rows, config.row_chunk):
         stop = min(start + config.row_chunk, source.n_rows)
         chunk = _Chunk(start, stop, cols_sorted, indptr)
-        batch = source.batch(np.arange(start, stop)).to(config.device)
-        out = _impute_chunk(model, batch, chunk.cols.to(config.device), methods, config)
+        batch = source.batch(np.arange(start, stop)).to(device)
+        out = _impute_chunk(model, batch, chunk.cols.to(device), methods, config)
         ess[start:stop] = out["ess"]
         positions = order[indptr[start]:indptr[stop]]
         for m in ("mean", "median"):
@@ -306,11 +308,12 @@ def log_likelihood(model: NotMIWAE, data: "np.ndarray | sp.spmatrix | RowSource"
     config = config or ImportanceConfig()
     source = prepare_rows(model, data)
     torch.manual_seed(config.seed)
-    model.to(config.device).eval()
+    device = resolve_device(config.device)
+    model.to(device).eval()
     out = np.zeros(source.n_rows)
     for start in range(0, source.n_rows, config.row_chunk):
         stop = min(start + config.row_chunk, source.n_rows)
-        batch = source.batch(np.arange(start, stop)).to(config.device)
+        batch = source.batch(np.arange(start, stop)).to(device)
         total = torch.full((stop - start,), -float("inf"), device=batch.obs_value.device)
         for log_w, _ in _sample_chunks(model, batch, config):
             total = torch.logaddexp(total, torch.logsumexp(log_w, dim=1))
@@ -326,5 +329,7 @@ def mask_accuracy(model: NotMIWAE, complete: np.ndarray, mask: np.ndarray) -> fl
         raise ValueError(f"complete data {complete.shape} and mask {mask.shape} must have one shape")
     if not np.isfinite(complete).all():
         raise ValueError("mask accuracy needs fully observed rows: the data holds NaN or inf")
-    logits = model.missing_model.logits(torch.from_numpy(complete))
-    return float(((logits > 0).numpy() == (mask > 0)).mean())
+    parameter = next(model.missing_model.parameters(), None)
+    device = parameter.device if parameter is not None else torch.device("cpu")
+    logits = model.missing_model.logits(torch.from_numpy(complete).to(device))
+    return float(((logits > 0).cpu().numpy() == (mask > 0)).mean())

@@ -14,6 +14,7 @@ from mnar_recsys.models.bound import BoundTerms, importance_weighted_bound
 from mnar_recsys.models.decoders import GaussianDecoder, ObservationModel, Params
 from mnar_recsys.models.missing import FixedFunction, MissingModel
 from mnar_recsys.models.quadrature import log_expected_sigmoid
+from mnar_recsys.devices import cpu_normal
 
 MISSING_FACTORS = ("sampled", "integrated")
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
@@ -58,13 +59,17 @@ class NotMIWAE(nn.Module):
             raise ValueError(f"the model has {self.n_features} features but the batch has {batch.n_features}")
         mu, logvar = self.encoder(batch)
         std = torch.exp(0.5 * logvar)
-        eps = torch.randn(mu.shape[0], n_samples, mu.shape[1], device=mu.device)
+        eps = cpu_normal(mu.shape[0], n_samples, mu.shape[1], device=mu.device)
         z = mu[:, None] + std[:, None] * eps
         log_qz = -(0.5 * eps ** 2 + torch.log(std)[:, None] + _HALF_LOG_2PI).sum(-1)
         log_pz = -(0.5 * z ** 2 + _HALF_LOG_2PI).sum(-1)
         params = self.decoder(z)
         terms = BoundTerms(self.log_px_obs(batch, params), self.log_ps(batch, params), log_pz, log_qz)
         return Samples(z, params, terms)
+
+    def forward(self, batch: RowBatch, n_samples: int) -> torch.Tensor:
+        """The bound, so that DistributedDataParallel's forward hooks see the training computation."""
+        return self.bound(batch, n_samples)
 
     def bound(self, batch: RowBatch, n_samples: int) -> torch.Tensor:
         """L_K for each row of the batch, shape (B,)."""

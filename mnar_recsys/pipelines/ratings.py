@@ -17,6 +17,7 @@ import torch
 
 from baselines.base import Recommender
 from baselines.registry import BASELINES, make_baseline
+from mnar_recsys.devices import DEVICES
 from mnar_recsys.data import RatingsData, SimulatorConfig, load_coat, load_yahoo_r3, simulate_ratings
 from mnar_recsys.estimators.recommender import VARIANTS, NotMIWAERecommender, OracleRecommender, make_recommender
 from mnar_recsys.evaluation import plots
@@ -47,7 +48,7 @@ class RatingsRun:
     lr: float = 1e-3
     validation_fraction: float = 0.1
     importance_samples: int = 1_000
-    device: str = "cpu"
+    device: str = "auto"
     users: int = SYNTHETIC_USERS
     items: int = SYNTHETIC_ITEMS
     test_users: int | None = None
@@ -238,7 +239,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "best bound on them, no MCAR data used (default 0.1; 0: the paper's fixed iterations)")
     parser.add_argument("--importance-samples", type=int, default=1_000,
                         help="K for prediction by importance sampling (default 1,000; paper: 10,000)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--device", choices=DEVICES, default="auto",
+                        help="auto (default: CUDA when torch sees a GPU), cpu or cuda")
     parser.add_argument("--users", type=int, default=SYNTHETIC_USERS,
                         help=f"synthetic users (default {SYNTHETIC_USERS}; Yahoo! R3 has 15,400)")
     parser.add_argument("--items", type=int, default=SYNTHETIC_ITEMS,

@@ -57,7 +57,7 @@ class SVHNConfig:
     n_test: int = 0
     conv_channels: str = "64,128,256"
     seed: int = 0
-    device: str = "cpu"
+    device: str = "auto"
 
     def channels(self) -> tuple[int, ...]:
         try:

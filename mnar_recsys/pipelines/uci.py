@@ -65,7 +65,7 @@ class UCIConfig:
     runs: int = 5
     offset: float = 0.0
     seed: int = 0
-    device: str = "cpu"
+    device: str = "auto"
 
 
 def make_imputer(model: str, config: UCIConfig, seed: int):

@@ -6,9 +6,9 @@ import numpy as np
 import torch
 
 
-def seed_streams(seed: int) -> tuple[np.random.Generator, int]:
-    """Seed torch from `seed`'s first child stream; return a NumPy generator on the second (batch order)."""
-    torch_seq, numpy_seq = np.random.SeedSequence(seed).spawn(2)
-    torch_seed = int(torch_seq.generate_state(1, dtype=np.uint64)[0] % (2 ** 63))
-    torch.manual_seed(torch_seed)
-    return np.random.default_rng(numpy_seq), torch_seed
+def step_seed(seed: int, *path: int) -> None:
+    """Seed torch for one unit of work named by `path` (e.g. iteration and shard): its noise then does
+    not depend on which process computes it or on what ran before, which makes a run with N processes
+    reproduce the single-process run with the same shards."""
+    state = np.random.SeedSequence([seed, *path]).generate_state(2, dtype=np.uint32)
+    torch.manual_seed(int(state[0]) << 31 | int(state[1]) >> 1)

@@ -8,36 +8,46 @@ out rows and keep the parameters with the best bound on them, a choice that need
 from __future__ import annotations
 
 import copy
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import scipy.sparse as sp
 import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from mnar_recsys.data.rows import RowSource, as_rows
 from mnar_recsys.models.notmiwae import NotMIWAE
-from mnar_recsys.training.seeds import seed_streams
+from mnar_recsys.training import distributed
+from mnar_recsys.devices import resolve_device
+from mnar_recsys.training.seeds import step_seed
 
 
 @dataclass
 class TrainConfig:
-    """iterations: gradient steps; batch_size: rows per step; n_samples: K; lr: Adam's step size;
-    seed: seeds batch order and sampling; device: 'cpu' or 'cuda'; progress: show a tqdm bar;
+    """iterations: gradient steps; batch_size: rows per step (the global batch, over all processes);
+    n_samples: K; lr: Adam's step size; seed: seeds batch order and sampling; device: 'auto' (CUDA when
+    available), 'cpu' or 'cuda', resolved when training starts; progress: show a tqdm bar;
     log_every: iterations between entries of the returned history (running mean of the bound);
     validation_fraction: share of rows held out to select the iteration with the best held-out bound
-    (0: train on all rows for all iterations); validation_every: iterations between those checks."""
+    (0: train on all rows for all iterations); validation_every: iterations between those checks;
+    shards: each batch is cut into this many shards, each with its own noise seeded by (seed,
+    iteration, shard); None means one per process. With the same shards a run gives the same
+    parameters on one process or on several (up to rounding), so a distributed run can be checked."""
 
     iterations: int = 10_000
     batch_size: int = 100
     n_samples: int = 20
     lr: float = 1e-3
     seed: int = 0
-    device: str = "cpu"
+    device: str = "auto"
     progress: bool = True
     log_every: int = 100
     validation_fraction: float = 0.0
     validation_every: int = 250
+    shards: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("iterations", "batch_size", "n_samples", "log_every", "validation_every"):
@@ -47,6 +57,8 @@ class TrainConfig:
             raise ValueError(f"lr must be positive, got {self.lr}")
         if not 0.0 <= self.validation_fraction < 1.0:
             raise ValueError(f"validation_fraction must lie in [0, 1), got {self.validation_fraction}")
+        if self.shards is not None and self.shards < 1:
+            raise ValueError(f"shards must be at least 1, got {self.shards}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -82,40 +94,43 @@ def prepare_rows(model: NotMIWAE, data: "np.ndarray | sp.spmatrix | RowSource") 
 
 def fit(model: NotMIWAE, data: "np.ndarray | sp.spmatrix | RowSource", config: TrainConfig,
         initialise_missing: bool = True) -> History:
-    """Train `model` in place and return its history."""
-    rows = prepare_rows(model, data)
-    if rows.n_rows == 0:
-        raise ValueError("cannot train on zero rows")
-    rng, _ = seed_streams(config.seed)
-    order = rng.permutation(rows.n_rows)
-    n_validation = int(round(config.validation_fraction * rows.n_rows))
-    if config.validation_fraction > 0 and not 0 < n_validation < rows.n_rows:
-        raise ValueError(f"validation_fraction {config.validation_fraction} of {rows.n_rows} rows leaves no "
-                         "validation or no training rows")
-    validation, training = np.sort(order[:n_validation]), order[n_validation:]
+    """Train `model` in place and return its history.
+
+    In a process group (see :mod:`mnar_recsys.training.distributed`) every rank runs this with the same
+    data and config: all ranks draw the same batch order, each computes the bound on its shards of the
+    global batch, and DistributedDataParallel averages the gradients.
+    """
+    n_shards = config.shards or distributed.world_size()
+    failure = None
+    try:
+        rows, training, validation = _split_rows(model, data, config, n_shards)
+        device = resolve_device(config.device)
+    except Exception as error:  # any rank's failure stops every rank (see distributed.agree)
+        failure = error
+    distributed.agree(failure)
     if initialise_missing:
         observed = rows.observed_values()
         model.missing_model.initialise(rows.observed_fraction(), float(observed.mean()) if observed.size else 0.0)
-    model.to(config.device).train()
+    model.to(device).train()
+    step_model = _data_parallel(model, device)
     optimiser = torch.optim.Adam(model.parameters(), lr=config.lr)
     history = History()
     best_state, best_value = None, -float("inf")
     running = None
-    bar = tqdm(range(1, config.iterations + 1), disable=not config.progress, desc="training", mininterval=0.5)
-    batches = _batches(training.size, config.batch_size, rng)
+    main = distributed.is_main_process()
+    bar = tqdm(range(1, config.iterations + 1), disable=not (config.progress and main), desc="training",
+               mininterval=0.5)
+    batches = _batches(training.size, config.batch_size, np.random.default_rng(_order_seed(config.seed)))
     for iteration in bar:
-        batch = rows.batch(training[next(batches)]).to(config.device)
-        bound = model.bound(batch, config.n_samples).mean()
-        optimiser.zero_grad(set_to_none=True)
-        (-bound).backward()
+        batch = training[next(batches)]
+        value = _step(step_model, rows, batch, n_shards, config, iteration, device)
         optimiser.step()
-        value = bound.item()
         running = value if running is None else 0.98 * running + 0.02 * value
         if iteration % config.log_every == 0 or iteration == config.iterations:
             history.bound.append((iteration, running))
             bar.set_postfix(bound=f"{running:.3f}")
         if validation.size and (iteration % config.validation_every == 0 or iteration == config.iterations):
-            held_out = _mean_bound(model, rows, validation, config)
+            held_out = _mean_bound(model, rows, validation, config, device, iteration)
             history.validation.append((iteration, held_out))
             if held_out > best_value:
                 best_value, history.best_iteration = held_out, iteration
@@ -126,13 +141,68 @@ def fit(model: NotMIWAE, data: "np.ndarray | sp.spmatrix | RowSource", config: T
     return history
 
 
+def _split_rows(model: NotMIWAE, data: "np.ndarray | sp.spmatrix | RowSource", config: TrainConfig,
+                n_shards: int) -> tuple[RowSource, np.ndarray, np.ndarray]:
+    """Validated rows, and the (training, validation) row indices; checks the shards can be filled."""
+    rows = prepare_rows(model, data)
+    if rows.n_rows == 0:
+        raise ValueError("cannot train on zero rows")
+    order = np.random.default_rng(_order_seed(config.seed)).permutation(rows.n_rows)
+    n_validation = int(round(config.validation_fraction * rows.n_rows))
+    if config.validation_fraction > 0 and not 0 < n_validation < rows.n_rows:
+        raise ValueError(f"validation_fraction {config.validation_fraction} of {rows.n_rows} rows leaves no "
+                         "validation or no training rows")
+    training = order[n_validation:]
+    if n_shards % distributed.world_size():
+        raise ValueError(f"{n_shards} shards cannot be shared evenly by {distributed.world_size()} processes")
+    if min(config.batch_size, training.size) < n_shards:
+        raise ValueError(f"each batch is cut into {n_shards} shards (one per process at least) but holds only "
+                         f"{min(config.batch_size, training.size)} rows ({training.size} training rows, batch "
+                         f"size {config.batch_size}): use fewer processes or more rows")
+    return rows, training, np.sort(order[:n_validation])
+
+
+def _order_seed(seed: int) -> np.random.SeedSequence:
+    return np.random.SeedSequence([seed, 0])
+
+
+def _data_parallel(model: NotMIWAE, device: torch.device) -> nn.Module:
+    if distributed.world_size() == 1:
+        return model
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def _step(step_model: nn.Module, rows: RowSource, batch: np.ndarray, n_shards: int, config: TrainConfig,
+          iteration: int, device: torch.device) -> float:
+    """Accumulate the gradient of -(mean bound over the global batch) from this rank's shards; return the
+    global batch's mean bound. DDP averages over ranks, hence the factor world_size."""
+    step_model.zero_grad(set_to_none=True)
+    shards = distributed.shards_of(batch, n_shards)
+    mine = distributed.my_shards(n_shards)
+    scale = distributed.world_size() / batch.size
+    total = 0.0
+    for shard in mine:
+        step_seed(config.seed, iteration, 0, shard)
+        last = shard == mine[-1]
+        with nullcontext() if last or distributed.world_size() == 1 else step_model.no_sync():
+            bound = step_model(rows.batch(shards[shard]).to(device), config.n_samples).sum()
+            (-scale * bound).backward()
+        total += bound.item()
+    return distributed.sum_across_ranks(total, device) / batch.size
+
+
 @torch.no_grad()
-def _mean_bound(model: NotMIWAE, rows: RowSource, index: np.ndarray, config: TrainConfig) -> float:
-    """Mean L_K per row over `index`, in training-sized batches."""
+def _mean_bound(model: NotMIWAE, rows: RowSource, index: np.ndarray, config: TrainConfig, device: torch.device,
+                iteration: int) -> float:
+    """Mean L_K per row over `index`, in training-sized chunks shared out among the ranks; each chunk's
+    noise is seeded by its position, so the value does not depend on the number of processes."""
     model.eval()
     total = 0.0
-    for start in range(0, index.size, config.batch_size):
-        batch = rows.batch(index[start:start + config.batch_size]).to(config.device)
+    starts = range(0, index.size, config.batch_size)
+    for chunk in range(distributed.rank(), len(starts), distributed.world_size()):
+        step_seed(config.seed, iteration, 1, chunk)
+        start = starts[chunk]
+        batch = rows.batch(index[start:start + config.batch_size]).to(device)
         total += float(model.bound(batch, config.n_samples).sum())
     model.train()
-    return total / index.size
+    return distributed.sum_across_ranks(total, device) / index.size

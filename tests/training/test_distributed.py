@@ -1,0 +1,85 @@
+"""Data-parallel training: two torchrun CPU processes (gloo) reproduce the single-process run with the
+same global batch, seed and shards; failures before training stop every rank; devices resolve late."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from mnar_recsys.devices import resolve_device
+from mnar_recsys.training.distributed import choose_backend
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+import ddp_worker  # noqa: E402  (a script the launched processes run; imported here for the reference run)
+
+LAUNCH_TIMEOUT = 180  # seconds: a hung rank fails the test instead of blocking the suite
+
+
+def torchrun(*args: str, processes: int = 2) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")])}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
+               str(HERE / "ddp_worker.py"), *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, env=env)
+
+
+def max_difference(a: dict, b: dict) -> float:
+    return max(float(np.abs(np.array(a[k]) - np.array(b[k])).max()) for k in a)
+
+
+def test_two_processes_match_one_process_with_the_same_shards(tmp_path):
+    out = tmp_path / "rank0.json"
+    launched = torchrun("--shards", "2", "--out", str(out))
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    multi = json.loads(out.read_text())
+    single = ddp_worker.train(40, 7, shards=2)
+    assert max_difference(single["state"], multi["state"]) < 1e-6
+    assert [tuple(v) for v in multi["validation"]] == pytest.approx(single["validation"], abs=1e-5)
+    assert multi["best_iteration"] == single["best_iteration"]
+    assert [tuple(v) for v in multi["bound"]] == pytest.approx(single["bound"], abs=1e-5)
+    # the comparison can fail: other shards mean other noise and other parameters
+    assert max_difference(ddp_worker.train(40, 7, shards=1)["state"], multi["state"]) > 1e-3
+
+
+def test_more_processes_than_training_rows_fail_on_every_rank():
+    launched = torchrun("--rows", "1", "--validation-fraction", "0")
+    assert launched.returncode != 0
+    assert launched.stderr.count("holds only 1 rows") >= 2  # both ranks say why, neither waits
+
+
+def test_one_failing_rank_stops_its_peers():
+    launched = torchrun("--bad-rank", "1")
+    assert launched.returncode != 0
+    assert "the model has 7 features but the rows have 8" in launched.stderr
+    assert "1 other rank(s) failed before training; rank 0 stops too" in launched.stderr
+
+
+def test_unavailable_backends_are_refused_before_joining():
+    with pytest.raises(ValueError, match="backend must be one of"):
+        choose_backend("mpi", torch.device("cpu"))
+    with pytest.raises(ValueError, match="nccl"):
+        choose_backend("nccl", torch.device("cpu"))
+    assert choose_backend("auto", torch.device("cpu")) == "gloo"
+
+
+def test_devices_resolve_when_asked():
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ValueError, match="device must be one of"):
+        resolve_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="sees no GPU"):
+            resolve_device("cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cpu_and_gpu_training_agree():
+    cpu = ddp_worker.train(40, 7, shards=2, device="cpu")
+    gpu = ddp_worker.train(40, 7, shards=2, device="cuda")
+    assert max_difference(cpu["state"], gpu["state"]) < 1e-4
+    assert gpu["best_iteration"] == cpu["best_iteration"]
