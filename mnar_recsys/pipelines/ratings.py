@@ -3,6 +3,9 @@
 For every seed the MCAR sample for MF-IPS is drawn once and left out of scoring for all models
 (``mnar_recsys.evaluation.protocol``). Writes results.json (one record per model and seed),
 results.md, a histogram of predictions against the MCAR truth and per-rating MSE bars.
+
+Under `torchrun` every process trains the not-MIWAE variants together (data-parallel); process 0
+alone fits the baselines, predicts, scores and writes.
 """
 
 from __future__ import annotations
@@ -17,14 +20,16 @@ import torch
 
 from baselines.base import Recommender
 from baselines.registry import BASELINES, make_baseline
-from mnar_recsys.devices import DEVICES
 from mnar_recsys.data import RatingsData, SimulatorConfig, load_coat, load_yahoo_r3, simulate_ratings
+from mnar_recsys.devices import DEVICES
 from mnar_recsys.estimators.recommender import VARIANTS, NotMIWAERecommender, OracleRecommender, make_recommender
 from mnar_recsys.evaluation import plots
 from mnar_recsys.evaluation.metrics import mae, mse
 from mnar_recsys.evaluation.protocol import MCARSplit, fit_and_score, mcar_split
 from mnar_recsys.evaluation.reports import markdown_table, provenance, summarise, write_atomic, write_json
 from mnar_recsys.inference.importance import ImportanceConfig
+from mnar_recsys.training import distributed
+from mnar_recsys.training.distributed import BACKENDS
 from mnar_recsys.training.trainer import TrainConfig
 
 DATASETS = ("synthetic", "coat", "yahoo")
@@ -137,16 +142,21 @@ def run_ratings(run: RatingsRun, progress: bool = True) -> dict[str, Any]:
     """Fit and score every model on every seed; write results.json, results.md and the plots."""
     data = load_data(run)
     out = Path(run.out)
-    settings = asdict(run)
+    settings = {**asdict(run), "processes": distributed.world_size()}
     records, estimator, predictions = [], [], {}
     results = {"data": describe(data), "config": settings, "provenance": provenance(), "records": records,
                "estimator_k": estimator}
+    main = distributed.is_main_process()
     for seed in run.seeds:
         split = mcar_split(data, seed)
         if seed == run.seeds[0]:
             first_truth = split.ratings  # the histogram shows the first seed's scored entries
         for name in run.models:
-            model = build(name, run, data, seed, progress)
+            model = build(name, run, data, seed, progress and main)
+            if not main:
+                if isinstance(model, NotMIWAERecommender):
+                    model.fit(split.train)  # this process's part of the data-parallel training
+                continue
             record, predicted = fit_and_score(model, split)
             record["config"] = {"run": settings, "model": model_settings(model)}
             if isinstance(model, NotMIWAERecommender) and model.history.validation:
@@ -164,6 +174,8 @@ def run_ratings(run: RatingsRun, progress: bool = True) -> dict[str, Any]:
             if progress:
                 print(f"seed {seed} {name}: MSE {record['mse']:.3f}, MAE {record['mae']:.3f} "
                       f"({record['train_seconds']:.0f} s)", flush=True)
+    if not main:
+        return results
     plots.prediction_histograms(predictions, first_truth, out / "predictions_histogram.png",
                                 title=f"{data.name}, seed {run.seeds[0]}: predictions vs MCAR truth")
     plots.per_rating_mse(records, out / "per_rating_mse.png", title=f"{data.name}: MSE per true rating")
@@ -251,6 +263,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--estimator-k", type=_ints, default=(),
                         help=f"e.g. 100,1000,10000: also report {ESTIMATOR_MODEL}'s MCAR MSE for these K, "
                              "with x_m sampled and integrated")
+    parser.add_argument("--backend", choices=BACKENDS, default="auto",
+                        help="torch.distributed backend under torchrun (default auto: nccl on GPUs, gloo on CPUs)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default: torch's choice; 1 is fastest on a busy machine)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars or per-model lines")
@@ -267,5 +281,12 @@ def _run(args: argparse.Namespace) -> int:
                      validation_fraction=args.validation_fraction,
                      device=args.device, users=args.users, items=args.items, test_users=args.test_users, data_seed=args.data_seed,
                      estimator_k=args.estimator_k)
-    run_ratings(run, progress=not args.no_progress)
+    if not distributed.launched():
+        run_ratings(run, progress=not args.no_progress)
+        return 0
+    distributed.initialise(run.device, args.backend)
+    try:
+        run_ratings(run, progress=not args.no_progress)
+    finally:
+        distributed.shutdown()
     return 0

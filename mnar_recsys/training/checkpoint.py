@@ -10,13 +10,18 @@ import torch
 from mnar_recsys.evaluation.reports import atomic_path, write_json
 from mnar_recsys.models.config import ModelConfig, build_model
 from mnar_recsys.models.notmiwae import NotMIWAE
+from mnar_recsys.training import distributed
 
 CONFIG_FILE, STATE_FILE = "config.json", "state.pt"
 
 
 def save(model: NotMIWAE, config: ModelConfig, directory: str | Path, extra: dict | None = None) -> Path:
-    """Write config.json (the model config plus `extra`, e.g. the training config) and state.pt."""
+    """Write config.json (the model config plus `extra`, e.g. the training config) and state.pt.
+
+    In a data-parallel job only process 0 writes (every process holds the same parameters)."""
     directory = Path(directory)
+    if not distributed.is_main_process():
+        return directory
     with atomic_path(directory / STATE_FILE) as tmp:
         torch.save(model.state_dict(), tmp)
     write_json(directory / CONFIG_FILE, {"model": config.to_dict(), **(extra or {})})

@@ -2,6 +2,8 @@
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -74,3 +76,20 @@ def test_cli_validation_fraction_records_the_kept_iteration(tmp_path):
     assert records["notmiwae-gaussian"]["best_iteration"] in (250, 500)
     assert records["notmiwae-gaussian"]["config"]["run"]["validation_fraction"] == 0.2
     assert "best_iteration" not in records["mf"]
+
+
+def test_ratings_runs_data_parallel_under_torchrun(tmp_path):
+    """The same command under torchrun: both processes train, process 0 alone scores and writes."""
+    out = tmp_path / "ddp"
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    launched = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "mnar_recsys.cli",
+         "ratings", "--users", "200", "--items", "30", "--iterations", "30", "--importance-samples", "20",
+         "--seeds", "0", "--models", "notmiwae-gaussian,mf", "--device", "cpu", "--out", str(out), "--no-progress"],
+        capture_output=True, text=True, timeout=300, env=env)
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert [r["model"] for r in results["records"]] == ["notmiwae-gaussian", "mf"]
+    assert results["config"]["processes"] == 2
+    assert launched.stdout.count("| notmiwae-gaussian | 1 |") == 1  # one table, printed by process 0 only
