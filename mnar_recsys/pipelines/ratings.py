@@ -50,6 +50,7 @@ class RatingsRun:
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     out: str = "results/ratings"
     iterations: int = 10_000
+    batch_size: int = 100
     lr: float = 1e-3
     validation_fraction: float = 0.1
     importance_samples: int = 1_000
@@ -96,8 +97,9 @@ def build(name: str, run: RatingsRun, data: RatingsData, seed: int, progress: bo
         return OracleRecommender(data.meta["oracle"])
     if name in VARIANTS:
         return make_recommender(name, seed=seed, rating_scale=data.rating_scale,
-                                train=TrainConfig(iterations=run.iterations, lr=run.lr, device=run.device,
-                                                  progress=progress, validation_fraction=run.validation_fraction),
+                                train=TrainConfig(iterations=run.iterations, batch_size=run.batch_size, lr=run.lr,
+                                                  device=run.device, progress=progress,
+                                                  validation_fraction=run.validation_fraction),
                                 importance=ImportanceConfig(n_samples=run.importance_samples, device=run.device,
                                                             progress=progress))
     if name in UNSEEDED:
@@ -245,6 +247,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seeds", type=_ints, default=(0, 1, 2, 3, 4), help="comma-separated (default 0,1,2,3,4)")
     parser.add_argument("--out", default="results/ratings", help="output folder (default results/ratings)")
     parser.add_argument("--iterations", type=int, default=10_000, help="not-MIWAE training steps (paper: 10,000)")
+    parser.add_argument("--batch-size", type=int, default=100,
+                        help="users per not-MIWAE step, over all processes under torchrun (paper: 100)")
     parser.add_argument("--lr", type=float, default=1e-3, help="not-MIWAE Adam step size (paper: 1e-3)")
     parser.add_argument("--validation-fraction", type=float, default=0.1,
                         help="hold out this share of the train users and keep the not-MIWAE parameters with the "
@@ -277,10 +281,10 @@ def _run(args: argparse.Namespace) -> int:
             raise ValueError(f"--threads must be at least 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     run = RatingsRun(data=args.data, data_dir=args.data_dir, models=args.models, seeds=args.seeds, out=args.out,
-                     iterations=args.iterations, lr=args.lr, importance_samples=args.importance_samples,
-                     validation_fraction=args.validation_fraction,
-                     device=args.device, users=args.users, items=args.items, test_users=args.test_users, data_seed=args.data_seed,
-                     estimator_k=args.estimator_k)
+                     iterations=args.iterations, batch_size=args.batch_size, lr=args.lr,
+                     validation_fraction=args.validation_fraction, importance_samples=args.importance_samples,
+                     device=args.device, users=args.users, items=args.items, test_users=args.test_users,
+                     data_seed=args.data_seed, estimator_k=args.estimator_k)
     if not distributed.launched():
         run_ratings(run, progress=not args.no_progress)
         return 0
