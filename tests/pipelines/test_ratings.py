@@ -74,3 +74,17 @@ def test_cli_validation_fraction_records_the_kept_iteration(tmp_path):
     assert records["notmiwae-gaussian"]["best_iteration"] in (250, 500)
     assert records["notmiwae-gaussian"]["config"]["run"]["validation_fraction"] == 0.2
     assert "best_iteration" not in records["mf"]
+
+
+def test_cli_unobserved_samples_is_recorded(tmp_path):
+    """--unobserved-samples reaches the not-MIWAE's ModelConfig and the results config; 0 is refused."""
+    out = tmp_path / "run"
+    code = main(["ratings", "--users", "300", "--items", "60", "--iterations", "20", "--importance-samples", "20",
+                 "--seeds", "0", "--models", "notmiwae-gaussian", "--unobserved-samples", "7",
+                 "--out", str(out), "--no-progress"])
+    assert code == 0
+    record = json.loads((out / "results.json").read_text())["records"][0]
+    assert record["config"]["run"]["unobserved_samples"] == 7
+    assert record["config"]["model"]["model"]["unobserved_samples"] == 7
+    assert "7 unobserved items per user" in (out / "results.md").read_text()
+    assert main(["ratings", "--unobserved-samples", "0", "--out", str(tmp_path)]) == 2
