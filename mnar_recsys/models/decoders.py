@@ -44,14 +44,16 @@ def linear_at_entries(head: nn.Linear, h: torch.Tensor, rows: torch.Tensor, unit
 
     h is (B, K, width). Gathering h per entry would form an (n, K, width) tensor, which is slow and
     large; instead each row's weight vectors are packed into a padded (B, L * U, width) block and one
-    batched matmul per row computes exactly the needed units, O(B · L · U · width) memory.
+    batched matmul per row computes exactly the needed units, O(B · L · U · width) memory. Packing and
+    unpacking go through one flat (row, slot) index, so both are plain row copies.
     """
-    n_units = units.shape[1]
-    slots, longest = _positions_in_rows(rows, h.shape[0])
-    packed = h.new_zeros(h.shape[0], longest, n_units, h.shape[-1])
-    packed = packed.index_put((rows, slots), head.weight[units])
-    out = torch.bmm(h, packed.flatten(1, 2).transpose(1, 2)).unflatten(-1, (longest, n_units))
-    return out[rows, :, slots] + head.bias[units][:, None, :]
+    n_rows, n_units, width = h.shape[0], units.shape[1], h.shape[-1]
+    slots, longest = _positions_in_rows(rows, n_rows)
+    flat = rows * longest + slots
+    packed = h.new_zeros(n_rows * longest, n_units, width).index_copy(0, flat, head.weight[units])
+    out = torch.bmm(packed.view(n_rows, longest * n_units, width), h.transpose(1, 2))  # (B, L * U, K)
+    picked = out.view(n_rows * longest, n_units, h.shape[1]).index_select(0, flat)  # (n, U, K)
+    return picked.transpose(1, 2) + head.bias[units][:, None, :]
 
 
 class ObservationModel(nn.Module):
