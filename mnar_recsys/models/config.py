@@ -30,6 +30,8 @@ class ModelConfig:
         'itemwise' (one shared weight, per-item biases; sign-constrained unless `missing_sign` is None),
         'agnostic', 'nonlinear', 'fixed-logistic' (`fixed_weight` · (x - `fixed_offset`)).
     missing_factor: 'integrated' (x_m integrated out per feature) or 'sampled'.
+    unobserved_samples: None for the exact missing term; m >= 1 to train on its estimate from m uniform
+        draws of unobserved items per row (large catalogues; see `NotMIWAE`; inference stays exact).
     """
 
     n_features: int
@@ -54,6 +56,7 @@ class ModelConfig:
     fixed_weight: float = -50.0
     fixed_offset: float = 0.75
     missing_factor: str = "integrated"
+    unobserved_samples: int | None = None
 
     def __post_init__(self) -> None:
         for name, allowed in (("encoder", ENCODERS), ("decoder", DECODERS), ("missing", MISSING_MODELS),
@@ -62,6 +65,8 @@ class ModelConfig:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.n_features < 1 or self.latent_dim < 1:
             raise ValueError(f"n_features and latent_dim must be positive, got {self.n_features}, {self.latent_dim}")
+        if self.unobserved_samples is not None and self.unobserved_samples < 1:
+            raise ValueError(f"unobserved_samples must be None or at least 1, got {self.unobserved_samples}")
         # JSON round trips turn tuples into lists
         for f in fields(self):
             value = getattr(self, f.name)
@@ -119,4 +124,4 @@ def build_missing_model(cfg: ModelConfig) -> missing.MissingModel:
 def build_model(cfg: ModelConfig) -> NotMIWAE:
     """The model a config describes, freshly initialised (seed torch first for reproducibility)."""
     return NotMIWAE(build_encoder(cfg), build_decoder(cfg), build_missing_model(cfg), cfg.latent_dim,
-                    cfg.n_features, cfg.missing_factor)
+                    cfg.n_features, cfg.missing_factor, cfg.unobserved_samples)

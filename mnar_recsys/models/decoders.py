@@ -1,10 +1,11 @@
 """Observation models p(x | z), fully factorised over features.
 
 A decoder maps z of shape (..., d) to a tuple of parameter tensors whose feature axis is the first
-axis after z's batch axes (shape (..., p) or (..., p, C)). The same decoder then scores values
-(`log_prob`), draws reparameterised samples (`rsample`, used for x_m inside the bound), gives the
-conditional mean and CDF (imputation), and, where it can, quadrature nodes over x_j
-(`quadrature`, used to integrate x_m out of a per-feature missing model).
+axis after z's batch axes (shape (..., p) or (..., p, C)); `forward_entries` gives the same
+parameters at chosen (row, feature) entries only, for catalogues too large for a (B, K, p) tensor.
+The same decoder then scores values (`log_prob`), draws reparameterised samples (`rsample`, used
+for x_m inside the bound), gives the conditional mean and CDF (imputation), and, where it can,
+quadrature nodes over x_j (`quadrature`, used to integrate x_m out of a per-feature missing model).
 """
 
 from __future__ import annotations
@@ -28,11 +29,46 @@ def _trunk(latent_dim: int, hidden: tuple[int, ...], activation: type[nn.Module]
     return nn.Sequential(mlp([latent_dim, *hidden], activation), activation()), hidden[-1]
 
 
+def _positions_in_rows(rows: torch.Tensor, n_rows: int) -> tuple[torch.Tensor, int]:
+    """A distinct slot 0..L-1 for each entry within its row (rows in any order), and L, the longest row."""
+    order = torch.argsort(rows, stable=True)
+    counts = torch.bincount(rows, minlength=n_rows)
+    starts = torch.cumsum(counts, 0) - counts
+    slots = torch.empty_like(rows)
+    slots[order] = torch.arange(rows.numel(), device=rows.device) - starts[rows[order]]
+    return slots, int(counts.max()) if rows.numel() else 0
+
+
+def linear_at_entries(head: nn.Linear, h: torch.Tensor, rows: torch.Tensor, units: torch.Tensor) -> torch.Tensor:
+    """head(h)[rows[n], :, units[n, u]] -> (n, K, U) without computing the other output units.
+
+    h is (B, K, width). Gathering h per entry would form an (n, K, width) tensor, which is slow and
+    large; instead each row's weight vectors are packed into a padded (B, L * U, width) block and one
+    batched matmul per row computes exactly the needed units, O(B · L · U · width) memory. Packing and
+    unpacking go through one flat (row, slot) index, so both are plain row copies.
+    """
+    n_rows, n_units, width = h.shape[0], units.shape[1], h.shape[-1]
+    slots, longest = _positions_in_rows(rows, n_rows)
+    flat = rows * longest + slots
+    packed = h.new_zeros(n_rows * longest, n_units, width).index_copy(0, flat, head.weight[units])
+    out = torch.bmm(packed.view(n_rows, longest * n_units, width), h.transpose(1, 2))  # (B, L * U, K)
+    picked = out.view(n_rows * longest, n_units, h.shape[1]).index_select(0, flat)  # (n, U, K)
+    return picked.transpose(1, 2) + head.bias[units][:, None, :]
+
+
 class ObservationModel(nn.Module):
     """Common interface; subclasses implement the distribution-specific parts.
 
     Discrete models also hold a buffer `support`, their sorted levels.
     """
+
+    def forward_entries(self, z: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> Params:
+        """The parameters at entries (rows[n], cols[n]) for z of shape (B, K, d): each tensor (n, K, ...).
+
+        This default gathers from the full forward pass, correct for any decoder; decoders with a
+        dense linear head override it to compute only the needed head units.
+        """
+        return tuple(t[rows, :, cols] for t in self(z))
 
     def log_prob(self, params: Params, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -86,6 +122,7 @@ class GaussianDecoder(ObservationModel):
             self.mean_head = nn.Linear(width, n_features)
             self.mean_net = nn.Sequential(self.trunk, self.mean_head)
         else:
+            self.mean_head = None
             self.mean_net = mean_net
         # softplus(0.5413) = 1: start every variance near 1
         if variance == "per_row":
@@ -98,14 +135,30 @@ class GaussianDecoder(ObservationModel):
         self.register_buffer("gh_logw", torch.tensor(weights).log(), persistent=False)
 
     def forward(self, z: torch.Tensor) -> Params:
-        loc = self.mean_net(z)
-        if self.squash is not None:
-            lo, hi = self.squash
-            loc = lo + (hi - lo) * torch.sigmoid(loc)
+        loc = self._squashed(self.mean_net(z))
         # shared variances are computed once per feature and broadcast, not once per (row, sample)
         raw = self.var_head(self.trunk(z)) if self.variance == "per_row" else self.raw_var
-        scale = torch.sqrt(F.softplus(raw) + self.min_variance)
-        return loc, scale.expand_as(loc)
+        return loc, self._scale(raw).expand_as(loc)
+
+    def forward_entries(self, z: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> Params:
+        if self.mean_head is None:
+            return super().forward_entries(z, rows, cols)
+        h = self.trunk(z)
+        loc = self._squashed(linear_at_entries(self.mean_head, h, rows, cols[:, None])[..., 0])
+        if self.variance == "per_row":
+            raw = linear_at_entries(self.var_head, h, rows, cols[:, None])[..., 0]
+        else:
+            raw = (self.raw_var[cols] if self.variance == "shared" else self.raw_var)[..., None]
+        return loc, self._scale(raw).expand_as(loc)
+
+    def _squashed(self, loc: torch.Tensor) -> torch.Tensor:
+        if self.squash is None:
+            return loc
+        lo, hi = self.squash
+        return lo + (hi - lo) * torch.sigmoid(loc)
+
+    def _scale(self, raw: torch.Tensor) -> torch.Tensor:
+        return torch.sqrt(F.softplus(raw) + self.min_variance)
 
     def log_prob(self, params: Params, x: torch.Tensor) -> torch.Tensor:
         loc, scale = params
@@ -165,6 +218,11 @@ class CategoricalDecoder(ObservationModel):
         logits = self.logit_head(self.trunk(z))
         return (logits.unflatten(-1, (self.n_features, self.n_levels)),)
 
+    def forward_entries(self, z: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> Params:
+        # feature j's logits are head units j * C .. j * C + C - 1
+        units = cols[:, None] * self.n_levels + torch.arange(self.n_levels, device=cols.device)
+        return (linear_at_entries(self.logit_head, self.trunk(z), rows, units),)
+
     def _index(self, x: torch.Tensor) -> torch.Tensor:
         return (x - self.lo).round().long().clamp(0, self.n_levels - 1)
 
@@ -215,6 +273,9 @@ class BernoulliDecoder(ObservationModel):
     def forward(self, z: torch.Tensor) -> Params:
         return (self.logit_head(self.trunk(z)),)
 
+    def forward_entries(self, z: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> Params:
+        return (linear_at_entries(self.logit_head, self.trunk(z), rows, cols[:, None])[..., 0],)
+
     def log_prob(self, params: Params, x: torch.Tensor) -> torch.Tensor:
         logits = params[0]
         return x * F.logsigmoid(logits) + (1 - x) * F.logsigmoid(-logits)
@@ -259,8 +320,16 @@ class StudentTDecoder(ObservationModel):
 
     def forward(self, z: torch.Tensor) -> Params:
         loc, raw_scale = self.head(self.trunk(z)).chunk(2, dim=-1)
-        df = (1.0 + F.softplus(self.raw_df)).expand_as(loc)
-        return loc, F.softplus(raw_scale) + self.min_scale, df
+        return self._params(loc, raw_scale, self.raw_df)
+
+    def forward_entries(self, z: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> Params:
+        # the head's first p units are the locations, the next p the raw scales
+        units = torch.stack([cols, cols + self.raw_df.shape[0]], dim=1)
+        loc, raw_scale = linear_at_entries(self.head, self.trunk(z), rows, units).unbind(-1)
+        return self._params(loc, raw_scale, self.raw_df[cols][:, None])
+
+    def _params(self, loc: torch.Tensor, raw_scale: torch.Tensor, raw_df: torch.Tensor) -> Params:
+        return loc, F.softplus(raw_scale) + self.min_scale, (1.0 + F.softplus(raw_df)).expand_as(loc)
 
     def _dist(self, params: Params) -> torch.distributions.StudentT:
         loc, scale, df = params

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -10,11 +11,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from mnar_recsys.data.rows import RowBatch
+from mnar_recsys.devices import cpu_normal
 from mnar_recsys.models.bound import BoundTerms, importance_weighted_bound
 from mnar_recsys.models.decoders import GaussianDecoder, ObservationModel, Params
 from mnar_recsys.models.missing import FixedFunction, MissingModel
 from mnar_recsys.models.quadrature import log_expected_sigmoid
-from mnar_recsys.devices import cpu_normal
+from mnar_recsys.models.unobserved import UnobservedDraw, draw_unobserved
 
 MISSING_FACTORS = ("sampled", "integrated")
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
@@ -37,22 +39,76 @@ class NotMIWAE(nn.Module):
     log E_{p(x_j|z_k)}[Pr(s_j = 0 | x_j)], exact for discrete decoders and by Gauss-Hermite
     quadrature for the Gaussian one. Both give lower bounds on log p(x_o, s); the integrated one is
     an IWAE bound on z alone, so it is at least as tight in expectation and its weights are less noisy.
+
+    unobserved_samples=m (per-feature or MCAR missing models) makes `bound` cheap for large catalogues:
+    log p(x_o|z_k) and the missing-model factors of the observed entries stay exact, and the sum of
+    the missing factors over a row's n_unobserved unobserved entries is replaced by n_unobserved / m
+    times their sum over m unobserved columns drawn uniformly with replacement; decoder parameters are
+    computed at those entries only, so no (B, K, p) tensor is formed. The scaled sum is an unbiased
+    estimate of the missing term for each z_k, but inside the log-mean-exp it no longer gives an exact
+    lower bound on log p(x_o, s): log-sum-exp is convex in the K estimates, so on average the estimated
+    L_K lies at or above the exact one (equal for K = 1) and may exceed log p(x_o, s). It is a training
+    objective only: `sample`, which inference calls and whose `params` it reads, is always exact.
     """
 
     def __init__(self, encoder: nn.Module, decoder: ObservationModel, missing_model: MissingModel,
-                 latent_dim: int, n_features: int, missing_factor: str = "sampled"):
+                 latent_dim: int, n_features: int, missing_factor: str = "sampled",
+                 unobserved_samples: int | None = None):
         super().__init__()
         if missing_factor not in MISSING_FACTORS:
             raise ValueError(f"missing_factor must be one of {MISSING_FACTORS}, got {missing_factor!r}")
         if missing_factor == "integrated" and not (missing_model.per_feature or missing_model.is_mcar):
             raise ValueError(f"{type(missing_model).__name__} couples features, so x_m cannot be integrated out "
                              "feature by feature: use missing_factor='sampled'")
+        _check_unobserved_samples(unobserved_samples, missing_model)
         self.encoder, self.decoder, self.missing_model = encoder, decoder, missing_model
         self.latent_dim, self.n_features = latent_dim, n_features
         self.missing_factor = missing_factor
+        self.unobserved_samples = unobserved_samples
 
     def sample(self, batch: RowBatch, n_samples: int) -> Samples:
-        """Draw K samples per row and compute the bound's four log-terms."""
+        """Draw K samples per row and compute the bound's four log-terms exactly."""
+        z, log_pz, log_qz = self._latent(batch, n_samples)
+        params = self.decoder(z)
+        terms = BoundTerms(self.log_px_obs(batch, params), self.log_ps(batch, params), log_pz, log_qz)
+        return Samples(z, params, terms)
+
+    def forward(self, batch: RowBatch, n_samples: int) -> torch.Tensor:
+        """The bound, so that DistributedDataParallel's forward hooks see the training computation."""
+        return self.bound(batch, n_samples)
+
+    def bound(self, batch: RowBatch, n_samples: int) -> torch.Tensor:
+        """L_K for each row of the batch, shape (B,); its subsampled estimate when `unobserved_samples` is set."""
+        if self.unobserved_samples is None:
+            return importance_weighted_bound(self.sample(batch, n_samples).terms.log_weights)
+        return importance_weighted_bound(self.subsampled_terms(batch, n_samples).log_weights)
+
+    def subsampled_terms(self, batch: RowBatch, n_samples: int) -> BoundTerms:
+        """The four log-terms with the missing term estimated from `unobserved_samples` draws per row."""
+        z, log_pz, log_qz = self._latent(batch, n_samples)
+        log_px_obs, log_ps = self.subsampled_log_likelihood(batch, z)
+        return BoundTerms(log_px_obs, log_ps, log_pz, log_qz)
+
+    def subsampled_log_likelihood(self, batch: RowBatch, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log p(x_o | z_k) exactly, the subsampled estimate of log p(s | ...)) for z of shape (B, K, d).
+
+        Uses the observed entries and the drawn unobserved ones only, never `batch.values` or `batch.mask`.
+        """
+        if self.unobserved_samples is None:
+            raise ValueError("subsampling needs unobserved_samples to be set on the model")
+        if self.missing_model.is_mcar:
+            observed = self.decoder.forward_entries(z, batch.obs_row, batch.obs_col)
+            return self._log_px_entries(batch, observed), z.new_zeros(z.shape[:2])
+        draw = draw_unobserved(batch, self.unobserved_samples)
+        params = self.decoder.forward_entries(z, torch.cat([batch.obs_row, draw.rows]),
+                                              torch.cat([batch.obs_col, draw.cols]))
+        n_observed = batch.obs_row.numel()
+        observed = tuple(t[:n_observed] for t in params)
+        unobserved = tuple(t[n_observed:] for t in params)
+        return self._log_px_entries(batch, observed), self._subsampled_log_ps(batch, draw, unobserved)
+
+    def _latent(self, batch: RowBatch, n_samples: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """z ~ q(z | x_o), K per row, with log p(z) and log q(z | x_o): (B, K, d), (B, K), (B, K)."""
         if n_samples < 1:
             raise ValueError(f"the number of importance samples K must be at least 1, got {n_samples}")
         if batch.n_features != self.n_features:
@@ -63,24 +119,17 @@ class NotMIWAE(nn.Module):
         z = mu[:, None] + std[:, None] * eps
         log_qz = -(0.5 * eps ** 2 + torch.log(std)[:, None] + _HALF_LOG_2PI).sum(-1)
         log_pz = -(0.5 * z ** 2 + _HALF_LOG_2PI).sum(-1)
-        params = self.decoder(z)
-        terms = BoundTerms(self.log_px_obs(batch, params), self.log_ps(batch, params), log_pz, log_qz)
-        return Samples(z, params, terms)
-
-    def forward(self, batch: RowBatch, n_samples: int) -> torch.Tensor:
-        """The bound, so that DistributedDataParallel's forward hooks see the training computation."""
-        return self.bound(batch, n_samples)
-
-    def bound(self, batch: RowBatch, n_samples: int) -> torch.Tensor:
-        """L_K for each row of the batch, shape (B,)."""
-        return importance_weighted_bound(self.sample(batch, n_samples).terms.log_weights)
+        return z, log_pz, log_qz
 
     def log_px_obs(self, batch: RowBatch, params: Params) -> torch.Tensor:
         """Σ_{j observed} log p(x_j | z_k), computed on the observed entries only: (B, K)."""
         observed = tuple(t[batch.obs_row, :, batch.obs_col] for t in params)  # (nnz, K, ...)
+        return self._log_px_entries(batch, observed)
+
+    def _log_px_entries(self, batch: RowBatch, observed: Params) -> torch.Tensor:
+        """Σ_{j observed} log p(x_j | z_k) from the parameters at the observed entries (nnz, K, ...): (B, K)."""
         per_entry = self.decoder.log_prob(observed, batch.obs_value[:, None])
-        n_samples = params[0].shape[1]
-        return per_entry.new_zeros(batch.n_rows, n_samples).index_add_(0, batch.obs_row, per_entry)
+        return per_entry.new_zeros(batch.n_rows, per_entry.shape[1]).index_add_(0, batch.obs_row, per_entry)
 
     def log_ps(self, batch: RowBatch, params: Params) -> torch.Tensor:
         """log p(s | x_o, x_m,k), or its integrated form: (B, K)."""
@@ -91,10 +140,25 @@ class NotMIWAE(nn.Module):
         if self.missing_factor == "sampled":
             completed = torch.where(mask > 0, batch.values[:, None], self.decoder.rsample(params))
             return model.log_prob(completed, mask)
-        observed = F.logsigmoid(model.feature_logits(batch.obs_value, batch.obs_col))
-        log_ps_observed = observed.new_zeros(batch.n_rows).index_add_(0, batch.obs_row, observed)
         log_p_missing = self.log_prob_missing(params)
-        return log_ps_observed[:, None] + ((1 - mask) * log_p_missing).sum(-1)
+        return self._log_ps_observed(batch)[:, None] + ((1 - mask) * log_p_missing).sum(-1)
+
+    def _log_ps_observed(self, batch: RowBatch) -> torch.Tensor:
+        """Σ_{j observed} log Pr(s_j = 1 | x_j) for a per-feature missing model: (B,)."""
+        observed = F.logsigmoid(self.missing_model.feature_logits(batch.obs_value, batch.obs_col))
+        return observed.new_zeros(batch.n_rows).index_add_(0, batch.obs_row, observed)
+
+    def _subsampled_log_ps(self, batch: RowBatch, draw: UnobservedDraw, unobserved: Params) -> torch.Tensor:
+        """Exact observed factors plus the weighted sum of the drawn unobserved ones: (B, K)."""
+        features = draw.cols[:, None]
+        if self.missing_factor == "integrated":
+            per_draw = self.log_prob_missing(unobserved, features=features)
+        else:
+            x = self.decoder.rsample(unobserved)
+            per_draw = F.logsigmoid(-self.missing_model.feature_logits(x, features))
+        missing = per_draw.new_zeros(batch.n_rows, per_draw.shape[1])
+        missing.index_add_(0, draw.rows, per_draw * draw.weight[:, None])
+        return self._log_ps_observed(batch)[:, None] + missing
 
     def log_prob_missing(self, params: Params, features: torch.Tensor | None = None) -> torch.Tensor:
         """log Pr(s_j = 0 | z) = log E_{p(x_j|z)}[Pr(s_j = 0 | x_j)] per feature, by quadrature.
@@ -115,6 +179,18 @@ class NotMIWAE(nn.Module):
             nodes = support  # discrete nodes do not depend on z: score them once per (feature, level)
         logits = model.feature_logits(nodes, features[..., None])
         return torch.logsumexp(log_w + F.logsigmoid(-logits), dim=-1)
+
+
+def _check_unobserved_samples(unobserved_samples: int | None, missing_model: MissingModel) -> None:
+    if unobserved_samples is None:
+        return
+    if isinstance(unobserved_samples, bool) or not isinstance(unobserved_samples, numbers.Integral) \
+            or unobserved_samples < 1:
+        raise ValueError(f"unobserved_samples must be None (the exact missing term) or an integer >= 1, "
+                         f"got {unobserved_samples!r}")
+    if not (missing_model.per_feature or missing_model.is_mcar):
+        raise ValueError(f"{type(missing_model).__name__} couples features, so its missing term cannot be "
+                         "subsampled entry by entry: leave unobserved_samples unset")
 
 
 def _compact(t: torch.Tensor) -> torch.Tensor:

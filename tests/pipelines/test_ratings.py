@@ -93,3 +93,17 @@ def test_ratings_runs_data_parallel_under_torchrun(tmp_path):
     assert [r["model"] for r in results["records"]] == ["notmiwae-gaussian", "mf"]
     assert results["config"]["processes"] == 2
     assert launched.stdout.count("| notmiwae-gaussian | 1 |") == 1  # one table, printed by process 0 only
+
+
+def test_cli_unobserved_samples_is_recorded(tmp_path):
+    """--unobserved-samples reaches the not-MIWAE's ModelConfig and the results config; 0 is refused."""
+    out = tmp_path / "run"
+    code = main(["ratings", "--users", "300", "--items", "60", "--iterations", "20", "--importance-samples", "20",
+                 "--seeds", "0", "--models", "notmiwae-gaussian", "--unobserved-samples", "7",
+                 "--out", str(out), "--no-progress"])
+    assert code == 0
+    record = json.loads((out / "results.json").read_text())["records"][0]
+    assert record["config"]["run"]["unobserved_samples"] == 7
+    assert record["config"]["model"]["model"]["unobserved_samples"] == 7
+    assert "7 unobserved items per user" in (out / "results.md").read_text()
+    assert main(["ratings", "--unobserved-samples", "0", "--out", str(tmp_path)]) == 2

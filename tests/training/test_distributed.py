@@ -59,7 +59,13 @@ def test_one_failing_rank_stops_its_peers():
     assert "1 other rank(s) failed before training; rank 0 stops too" in launched.stderr
 
 
-def test_unavailable_backends_are_refused_before_joining():
+def test_an_unavailable_backend_stops_every_rank_before_joining():
+    launched = torchrun("--backend", "nccl")  # the worker trains on the CPU
+    assert launched.returncode != 0
+    assert launched.stderr.count("the nccl backend") >= 2  # each rank says why
+
+
+def test_unavailable_backends_are_refused():
     with pytest.raises(ValueError, match="backend must be one of"):
         choose_backend("mpi", torch.device("cpu"))
     with pytest.raises(ValueError, match="nccl"):
