@@ -11,6 +11,7 @@ import pytest
 import scipy.sparse as sp
 import torch
 
+from mnar_recsys.cli import main
 from mnar_recsys.data import ondisk
 from mnar_recsys.data.ondisk import convert_triples, open_csr, save_csr
 from mnar_recsys.data.rows import CSRRows, _check_csr
@@ -184,3 +185,12 @@ def test_fit_from_disk_equals_fit_in_memory(tmp_path):
     assert all(torch.equal(memory[name], disk[name]) for name in memory)
     assert not torch.equal(memory["missing_model.bias"], build_model(config).state_dict()["missing_model.bias"])
 
+
+def test_cli_converts_and_reports_errors(tmp_path, capsys):
+    source = write(tmp_path / "r.tsv", "u1\ti1\t4\nu2\ti1\t9\n")
+    assert main(["convert-ratings", str(source), str(tmp_path / "out"), "--rating-scale", "1,10"]) == 0
+    assert "2 users x 1 items, 2 ratings" in capsys.readouterr().out
+    assert main(["convert-ratings", str(source), str(tmp_path / "out2")]) == 2
+    assert "r.tsv, line 2: rating 9 is outside the rating scale 1..5" in capsys.readouterr().err
+    assert main(["convert-ratings", str(source), str(tmp_path / "out")]) == 2
+    assert "already exists" in capsys.readouterr().err
