@@ -8,7 +8,7 @@ import sys
 
 # each module defines register(subparsers) which adds a parser whose `run` default takes the args
 PIPELINES = ("mnar_recsys.pipelines.demo", "mnar_recsys.pipelines.ratings", "mnar_recsys.pipelines.uci",
-             "mnar_recsys.pipelines.svhn")
+             "mnar_recsys.pipelines.svhn", "mnar_recsys.pipelines.convert")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.run(args) or 0)
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, FileNotFoundError, FileExistsError) as error:
         print(f"mnar-recsys {args.command}: error: {error}", file=sys.stderr)
         return 2
 

@@ -6,6 +6,7 @@ is the first offending line located, so errors name the file and its 1-based lin
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from operator import methodcaller
 from pathlib import Path
@@ -119,16 +120,32 @@ def _file_triples(path: Path, sep: str | None, header: bool | None) -> Triples:
     lines = path.read_text(encoding="utf-8-sig").split("\n")  # universal newlines: CRLF arrives as "\n"
     if lines and lines[-1] == "":
         lines.pop()
-    data_idx = np.flatnonzero(np.fromiter(map(len, map(str.strip, lines)), np.int64, len(lines)))
-    if len(data_idx) == 0:
+    sep, header_line = file_layout(path, lines, sep, header)
+    return split_lines(path, lines, 1, sep, header_line)
+
+
+def file_layout(path: Path, lines: Iterable[str], sep: str | None, header: bool | None) -> tuple[str | None, int]:
+    """The separator and the 1-based number of the header line (0: none), from the first non-blank line.
+
+    ``sep=None`` takes the first of tab, comma, semicolon or bar found on that line, else whitespace
+    (returned as None); ``header=None`` makes it a header when none of its fields is a number.
+    """
+    number, first = next(((n, line) for n, line in enumerate(lines, 1) if line.strip()), (0, None))
+    if first is None:
         raise ValueError(f"{path}: no ratings found (the file is empty)")
-    first = lines[data_idx[0]]
     if sep is None:
         sep = next((s for s in _SNIFFED_SEPARATORS if s in first), None)
     if header is None:
         header = not any(_is_number(field) for field in first.split(sep))
-    if header:
-        data_idx = data_idx[1:]
+    return sep, number if header else 0
+
+
+def split_lines(path: Path, lines: list[str], first_number: int, sep: str | None, header_line: int) -> Triples:
+    """Raw string columns of consecutive lines numbered from ``first_number`` (blank lines and the header
+    line skipped), checking that every data line has three fields; files can be split chunk by chunk."""
+    data_idx = np.flatnonzero(np.fromiter(map(len, map(str.strip, lines)), np.int64, len(lines)))
+    if header_line:
+        data_idx = data_idx[data_idx + first_number != header_line]
     data = [lines[k] for k in data_idx] if len(data_idx) < len(lines) else lines
     if sep is None:
         n_fields = np.fromiter((len(line.split()) for line in data), np.int64, len(data))
@@ -139,13 +156,13 @@ def _file_triples(path: Path, sep: str | None, header: bool | None) -> Triples:
         k = bad[0]
         where = "whitespace" if sep is None else repr(sep)
         raise ValueError(
-            f"{path}, line {data_idx[k] + 1}: expected 3 columns (user, item, rating) separated by "
+            f"{path}, line {data_idx[k] + first_number}: expected 3 columns (user, item, rating) separated by "
             f"{where}, found {n_fields[k]}"
         )
     # Every data line has exactly three fields, so one flat split yields user, item, rating in turn.
-    tokens = " ".join(data).split() if sep is None else sep.join(data).split(sep)
-    users, items, ratings = (np.array(tokens[c :: len(COLUMNS)]) for c in range(len(COLUMNS)))
-    return Triples(str(path), users, items, ratings, data_idx + 1, "line")
+    tokens = (" ".join(data).split() if sep is None else sep.join(data).split(sep)) if data else []
+    users, items, ratings = (np.array(tokens[c :: len(COLUMNS)], dtype=object) for c in range(len(COLUMNS)))
+    return Triples(str(path), users, items, ratings, data_idx + first_number, "line")
 
 
 def _frame_triples(frame: pd.DataFrame, label: str) -> Triples:

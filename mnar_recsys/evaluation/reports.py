@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import platform
+import secrets
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -45,6 +47,25 @@ def atomic_path(path: str | Path, suffix: str = ".tmp") -> Iterator[Path]:
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@contextmanager
+def atomic_directory(directory: str | Path) -> Iterator[Path]:
+    """Yield a new empty folder beside `directory` to fill; on success it is renamed to `directory` in one
+    step, on failure it is removed, so a reader never sees a half-written folder. An existing `directory`
+    is an error rather than replaced: a folder cannot be swapped in atomically, and a reader may be using it."""
+    directory = Path(directory)
+    if directory.exists():
+        raise FileExistsError(f"{directory} already exists; remove it or choose another output folder")
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = directory.parent / f".{directory.name}.{secrets.token_hex(4)}.tmp"
+    tmp.mkdir()  # not mkdtemp: its 0o700 would stay on the renamed folder; mkdir honours the umask
+    try:
+        yield tmp
+        os.rename(tmp, directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
