@@ -11,7 +11,7 @@ Prints, each size measured in its own process (so peak memory is its own):
 Per-iteration time is the difference of two runs of different length divided by the difference in
 iterations, so data loading and set-up are not counted. The second size must fit in 8 GiB.
 
-    python bench/scale.py [--sizes 0,1,2] [--iterations 40] [--device auto] [--unobserved-samples 100]
+    python bench/scale.py [--sizes 0,1,2] [--iterations 40] [--device auto] [--unobserved-samples 100] [--threads 1]
 """
 
 from __future__ import annotations
@@ -65,32 +65,42 @@ def per_thousand(model_config: ModelConfig, rows, iterations: int, device: str) 
     return (times[1] - times[0]) * 1000 / iterations
 
 
-def measure(size: int, iterations: int, device: str, unobserved_samples: int, threads: int) -> dict:
+def peak_rss_gib() -> float:
+    """This process's peak resident memory. Linux's ru_maxrss carries the peak of the parent that forked
+    it across exec (here, the process that generated the data), so read the VmHWM of /proc instead."""
+    try:
+        with open("/proc/self/status") as status:
+            line = next(line for line in status if line.startswith("VmHWM:"))
+        return int(line.split()[1]) / 2 ** 20
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
+
+
+def measure(size: int, iterations: int, device: str, unobserved_samples: int, threads: int,
+            data_dir: str | None) -> dict:
     torch.set_num_threads(threads)
     users, items, per_user = SIZES[size]
-    matrix = popular_ratings(users, items, per_user)
-    config = ModelConfig(n_features=items)
-    rows = matrix
-    with tempfile.TemporaryDirectory() as scratch:
-        if size == OUT_OF_CORE:
-            save_csr(matrix, Path(scratch) / "ratings")
-            del matrix
-            rows = open_csr(Path(scratch) / "ratings")
-            config = ModelConfig(n_features=items, unobserved_samples=unobserved_samples)
-        seconds = per_thousand(config, rows, iterations, device)
+    if data_dir is None:
+        rows, config = popular_ratings(users, items, per_user), ModelConfig(n_features=items)
+    else:
+        rows, config = open_csr(data_dir), ModelConfig(n_features=items, unobserved_samples=unobserved_samples)
+    seconds = per_thousand(config, rows, iterations, device)
     result = {"size": size, "users": users, "items": items, "seconds_per_1000": seconds,
-              "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20,
+              "peak_rss_gib": peak_rss_gib(),
               "processes": distributed.world_size(), "threads": threads}
     if torch.cuda.is_available():
         result["peak_gpu_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
     return result
 
 
-def run_measure(args: argparse.Namespace, size: int, threads: int, processes: int = 1) -> dict:
+def run_measure(args: argparse.Namespace, size: int, threads: int, processes: int = 1,
+                data_dir: str | None = None) -> dict:
     """One measurement in a fresh process (torchrun for several), parsed from its last output line."""
     here = str(Path(__file__).resolve())
     options = ["--measure", str(size), "--iterations", str(args.iterations), "--device", args.device,
                "--unobserved-samples", str(args.unobserved_samples), "--threads", str(threads)]
+    if data_dir is not None:
+        options += ["--data-dir", data_dir]
     if processes == 1:
         command = [sys.executable, here, *options]
     else:
@@ -108,25 +118,31 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=40, help="n of the n vs 2n timing (default 40)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--unobserved-samples", type=int, default=100, help="m for the largest size")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads per process (default: all cores)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads per process (default 1: on a busy 2-core machine more threads only wait)")
     parser.add_argument("--no-speedup", action="store_true", help="skip the 2-process measurement")
     parser.add_argument("--measure", type=int, default=None, help=argparse.SUPPRESS)  # internal: one measurement
+    parser.add_argument("--data-dir", default=None, help=argparse.SUPPRESS)  # internal: its on-disk rows
     args = parser.parse_args()
     if args.measure is not None:
         if distributed.launched():
             distributed.initialise(args.device)
-        result = measure(args.measure, args.iterations, args.device, args.unobserved_samples, args.threads or 1)
+        result = measure(args.measure, args.iterations, args.device, args.unobserved_samples, args.threads,
+                         args.data_dir)
         if distributed.is_main_process():
             print(json.dumps(result), flush=True)
         distributed.shutdown()
         return
-    threads = args.threads or os.cpu_count() or 1
     print(f"torch {torch.__version__}, {os.cpu_count()} CPU cores, device {args.device}"
           f"{' (' + torch.cuda.get_device_name() + ')' if torch.cuda.is_available() else ''}", flush=True)
     print("| users | items | rows | missing term | s / 1,000 its | peak RSS GiB | peak GPU GiB |")
     print("|---|---|---|---|---|---|---|")
     for size in (int(s) for s in args.sizes.split(",")):
-        r = run_measure(args, size, threads)
+        with tempfile.TemporaryDirectory() as scratch:
+            data_dir = None
+            if size == OUT_OF_CORE:  # written here, so the measuring process never holds the matrix
+                data_dir = str(save_csr(popular_ratings(*SIZES[size]), Path(scratch) / "ratings"))
+            r = run_measure(args, size, args.threads, data_dir=data_dir)
         where = "on disk" if size == OUT_OF_CORE else "in memory"
         term = f"subsampled m={args.unobserved_samples}" if size == OUT_OF_CORE else "exact"
         gpu = f"{r['peak_gpu_gib']:.2f}" if "peak_gpu_gib" in r else "-"

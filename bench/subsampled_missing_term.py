@@ -16,21 +16,13 @@ import argparse
 import torch
 
 from mnar_recsys.data import SimulatorConfig, simulate_ratings
+from mnar_recsys.devices import DEVICES, resolve_device
 from mnar_recsys.estimators.recommender import make_recommender
 from mnar_recsys.evaluation.protocol import fit_and_score, mcar_split
 from mnar_recsys.inference.importance import ImportanceConfig
 from mnar_recsys.training.trainer import TrainConfig
 
 YAHOO_USERS, YAHOO_TEST_USERS = 15_400, 5_400
-
-
-def resolve_device(name: str) -> str:
-    """'auto' picks CUDA when it is there; an explicit 'cuda' without a GPU is an error, not a silent CPU run."""
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: no CUDA device is available")
-    return name
 
 
 def train_and_score(split, m: int | None, args: argparse.Namespace, device: str) -> dict:
@@ -48,7 +40,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=10_000)
     parser.add_argument("--users", type=int, default=YAHOO_USERS)
     parser.add_argument("--items", type=int, default=1_000)
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--device", choices=DEVICES, default="auto")
     parser.add_argument("--m", default="25,100,300", help="comma-separated unobserved items per user")
     parser.add_argument("--importance-samples", type=int, default=1_000, help="K for MCAR inference")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data, the split and every model")
@@ -56,7 +48,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    device = resolve_device(args.device)
+    device = str(resolve_device(args.device))  # resolved once, so every model runs where the header says
     sizes = [int(v) for v in args.m.split(",") if v.strip()]
     test_users = max(1, args.users * YAHOO_TEST_USERS // YAHOO_USERS)
     data = simulate_ratings(SimulatorConfig(n_users=args.users, n_items=args.items, n_test_users=test_users,

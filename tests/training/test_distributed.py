@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from mnar_recsys.data.ondisk import save_csr
 from mnar_recsys.devices import resolve_device
 from mnar_recsys.training.distributed import choose_backend
 
@@ -57,6 +58,15 @@ def test_one_failing_rank_stops_its_peers():
     assert launched.returncode != 0
     assert "the model has 7 features but the rows have 8" in launched.stderr
     assert "1 other rank(s) failed before training; rank 0 stops too" in launched.stderr
+
+
+def test_a_truncated_on_disk_matrix_stops_every_rank(tmp_path):
+    folder = save_csr(ddp_worker.ratings(40, 7), tmp_path / "ratings")
+    data = folder / "data.npy"
+    data.write_bytes(data.read_bytes()[:-8])
+    launched = torchrun("--on-disk", str(folder))
+    assert launched.returncode != 0
+    assert launched.stderr.count(f"{data} is truncated") >= 2  # each rank names the file, neither waits
 
 
 def test_an_unavailable_backend_stops_every_rank_before_joining():
