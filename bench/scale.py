@@ -52,7 +52,9 @@ def popular_ratings(n_users: int, n_items: int, per_user: int, seed: int = 0) ->
 
 
 def per_thousand(model_config: ModelConfig, rows, iterations: int, device: str) -> float:
-    """Seconds per 1,000 iterations: (time of 2n iterations - time of n) / n, set-up excluded."""
+    """Seconds per 1,000 iterations: (time of 2n iterations - time of n) / n, set-up excluded; a short
+    first run warms up CUDA kernels and allocators, which would otherwise bill the first timing."""
+    fit(build_model(model_config), rows, TrainConfig(iterations=5, device=device, progress=False))
     times = []
     for n in (iterations, 2 * iterations):
         torch.manual_seed(0)

@@ -19,9 +19,10 @@ from torch import nn
 from mnar_recsys.models.encoders import mlp
 
 
-def _logit(p: np.ndarray) -> torch.Tensor:
+def _logit(p: np.ndarray, like: torch.Tensor) -> torch.Tensor:
+    """logit(p) on the device of `like` (the parameter it initialises, which may already sit on a GPU)."""
     p = np.clip(np.asarray(p, dtype=np.float64), 1e-4, 1 - 1e-4)
-    return torch.tensor(np.log(p / (1 - p)), dtype=torch.float32)
+    return torch.tensor(np.log(p / (1 - p)), dtype=torch.float32, device=like.device)
 
 
 def bernoulli_log_prob(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -81,7 +82,7 @@ class SelfMasking(MissingModel):
 
     def initialise(self, observed_fraction: np.ndarray, center: float) -> None:
         with torch.no_grad():
-            self.bias.copy_(_logit(observed_fraction) - self.weight * center)
+            self.bias.copy_(_logit(observed_fraction, self.bias) - self.weight * center)
 
 
 class SelfMaskingKnownSign(MissingModel):
@@ -108,7 +109,7 @@ class SelfMaskingKnownSign(MissingModel):
     def initialise(self, observed_fraction: np.ndarray, center: float) -> None:
         with torch.no_grad():
             slope = self.sign * F.softplus(self.raw_weight)
-            self.offset.copy_(center - _logit(observed_fraction) / slope)
+            self.offset.copy_(center - _logit(observed_fraction, self.offset) / slope)
 
 
 class ItemwiseLogistic(MissingModel):
@@ -137,7 +138,7 @@ class ItemwiseLogistic(MissingModel):
 
     def initialise(self, observed_fraction: np.ndarray, center: float) -> None:
         with torch.no_grad():
-            self.bias.copy_(_logit(observed_fraction) - self.weight * center)
+            self.bias.copy_(_logit(observed_fraction, self.bias) - self.weight * center)
 
 
 class Agnostic(MissingModel):
@@ -154,7 +155,7 @@ class Agnostic(MissingModel):
 
     def initialise(self, observed_fraction: np.ndarray, center: float) -> None:
         with torch.no_grad():
-            self.linear.bias.copy_(_logit(observed_fraction) - self.linear.weight.sum(1) * center)
+            self.linear.bias.copy_(_logit(observed_fraction, self.linear.bias) - self.linear.weight.sum(1) * center)
 
 
 class Nonlinear(MissingModel):
@@ -169,7 +170,7 @@ class Nonlinear(MissingModel):
 
     def initialise(self, observed_fraction: np.ndarray, center: float) -> None:
         with torch.no_grad():
-            self.net[-1].bias.copy_(_logit(observed_fraction))
+            self.net[-1].bias.copy_(_logit(observed_fraction, self.net[-1].bias))
 
 
 class FixedLogistic(MissingModel):

@@ -174,8 +174,8 @@ def test_indptr_that_decreases_and_columns_out_of_range_are_named(folder):
 def test_fit_from_disk_equals_fit_in_memory(tmp_path):
     matrix = ratings_matrix(n_rows=80, n_cols=12, density=0.3)
     config = ModelConfig(n_features=12, latent_dim=2, embedding_dim=4, code_dim=6)
-    train = TrainConfig(iterations=6, batch_size=16, n_samples=3, seed=3, progress=False, validation_fraction=0.25,
-                        validation_every=3)
+    train = TrainConfig(iterations=6, batch_size=16, n_samples=3, seed=3, device="cpu", progress=False,
+                        validation_fraction=0.25, validation_every=3)
     models = []
     for data in (matrix, open_csr(save_csr(matrix, tmp_path / "m"))):
         torch.manual_seed(0)

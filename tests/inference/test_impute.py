@@ -70,7 +70,8 @@ def test_conditional_mean_and_median_match_the_exact_gaussian_posterior(ppca):
     median are within 0.1 of the exact conditional mean (= median), ten times closer than the prior mean b_m
     (measured: largest error 0.031 for the mean, 0.041 for the median, 0.484 for b_m)."""
     model, rows, exact = ppca
-    result = impute(model, rows, methods=("mean", "median"), config=ImportanceConfig(n_samples=2000, seed=0))
+    result = impute(model, rows, methods=("mean", "median"),
+                    config=ImportanceConfig(n_samples=2000, seed=0, device="cpu"))
     truth = exact[result.rows, result.cols]
     prior_error = np.abs(model.decoder.mean_head.bias.detach().numpy()[result.cols] - truth)
     for estimate in (result.mean, result.median):

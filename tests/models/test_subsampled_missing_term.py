@@ -229,7 +229,7 @@ def test_inference_stays_exact():
     rng = np.random.default_rng(1)
     data = rng.integers(1, 6, (10, 40)).astype(float)
     data[rng.random(data.shape) < 0.7] = np.nan
-    config = ImportanceConfig(n_samples=50, seed=3)
+    config = ImportanceConfig(n_samples=50, seed=3, device="cpu")
     exact = impute(model, data, config=config)
     model.unobserved_samples = 5
     subsampled = impute(model, data, config=config)

@@ -13,7 +13,9 @@ import torch
 
 from mnar_recsys.data.ondisk import save_csr
 from mnar_recsys.devices import resolve_device
+from mnar_recsys.models.config import ModelConfig, build_model
 from mnar_recsys.training.distributed import choose_backend
+from mnar_recsys.training.trainer import TrainConfig, fit
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
@@ -99,3 +101,14 @@ def test_cpu_and_gpu_training_agree():
     gpu = ddp_worker.train(40, 7, shards=2, device="cuda")
     assert max_difference(cpu["state"], gpu["state"]) < 1e-4
     assert gpu["best_iteration"] == cpu["best_iteration"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_model_already_on_the_gpu_can_be_fitted_again():
+    """fit re-initialises the missing model's biases from the data: on the parameters' own device."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(n_features=7, latent_dim=4, embedding_dim=5, code_dim=8))
+    config = TrainConfig(iterations=3, batch_size=12, n_samples=3, device="cuda", progress=False)
+    fit(model, ddp_worker.ratings(40, 7), config)
+    history = fit(model, ddp_worker.ratings(40, 7), config)
+    assert np.isfinite(history.bound[-1][1])

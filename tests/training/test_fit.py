@@ -10,7 +10,8 @@ from mnar_recsys.training import checkpoint
 from mnar_recsys.training.trainer import TrainConfig, fit
 
 CONFIG = ModelConfig(n_features=8, latent_dim=3, embedding_dim=4, code_dim=8, missing="itemwise")
-TRAIN = TrainConfig(iterations=100, batch_size=20, n_samples=5, lr=1e-2, seed=3, progress=False, log_every=50)
+TRAIN = TrainConfig(iterations=100, batch_size=20, n_samples=5, lr=1e-2, seed=3, progress=False, log_every=50,
+                    device="cpu")  # bitwise reproducibility is a CPU property
 
 
 @pytest.fixture(scope="module")
