@@ -2,14 +2,15 @@
 
 Prints, each measured in its own process (so peak memory is its own):
   1. seconds per 1,000 training iterations (15,400 x 1,000 sparse rows, ~20 observed per row, batch 100,
-     K = 20, latent 30, embedding 20, code 50), with sampled and with integrated x_m;
+     K = 20, latent 30, embedding 20, code 50), with sampled and with integrated x_m, and with integrated
+     x_m and the missing term estimated from --unobserved-samples unobserved items per row;
   2. the imputation of 5,400 rows x 10 held-out items with K = 10,000 (integrated x_m); by default on
      --impute-rows rows and scaled linearly to 5,400 (the work is per row), --impute-rows 5400 for all;
   3. the set encoder's sparse segment-sum path against a dense masked one, and a training step from CSR
      rows against the same rows given dense with NaN, at 1,000 and 10,000 items with 20 observed per row.
 Targets on the 2-core machine: <= 10 s per 1,000 iterations, <= 30 s for the imputation.
 
-    python bench/core_speed.py [--iterations 1000] [--impute-rows 270]
+    python bench/core_speed.py [--iterations 1000] [--impute-rows 270] [--unobserved-samples 100]
 """
 
 from __future__ import annotations
@@ -42,9 +43,10 @@ def peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def train_seconds(missing_factor: str, iterations: int) -> dict:
+def train_seconds(missing_factor: str, iterations: int, unobserved_samples: int | None = None) -> dict:
     data = yahoo_shaped(USERS, ITEMS, PER_ROW)
-    model = build_model(ModelConfig(n_features=ITEMS, missing_factor=missing_factor))
+    model = build_model(ModelConfig(n_features=ITEMS, missing_factor=missing_factor,
+                                    unobserved_samples=unobserved_samples))
     start = time.perf_counter()
     fit(model, data, TrainConfig(iterations=iterations, progress=False))
     seconds = time.perf_counter() - start
@@ -120,11 +122,14 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=1000)
     parser.add_argument("--impute-rows", type=int, default=270)
     parser.add_argument("--importance-samples", type=int, default=10_000)
+    parser.add_argument("--unobserved-samples", type=int, default=100,
+                        help="m of the subsampled missing-term estimator also timed (default 100)")
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    for factor in ("sampled", "integrated"):
-        r = isolated(train_seconds, factor, args.iterations)
-        print(f"training, {factor:10s} x_m: {r['per_1000']:7.1f} s per 1,000 iterations "
+    for factor, m in (("sampled", None), ("integrated", None), ("integrated", args.unobserved_samples)):
+        r = isolated(train_seconds, factor, args.iterations, m)
+        term = "exact missing term" if m is None else f"missing term from {m} unobserved items per row"
+        print(f"training, {factor:10s} x_m, {term}: {r['per_1000']:7.1f} s per 1,000 iterations "
               f"(target 10; ratio {r['per_1000'] / 10:.1f}x), peak {r['peak_mib']:.0f} MiB")
     r = isolated(impute_seconds, args.impute_rows, args.importance_samples)
     scaled = r["seconds"] * TEST_USERS / args.impute_rows
