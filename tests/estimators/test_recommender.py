@@ -19,7 +19,8 @@ from mnar_recsys.training.trainer import TrainConfig
 QUICK = {"train": TrainConfig(iterations=30, progress=False), "importance": ImportanceConfig(n_samples=50)}
 
 
-@pytest.mark.parametrize("name", ["notmiwae-gaussian", "notmiwae-categorical", "miwae-gaussian"])
+@pytest.mark.parametrize("name", ["notmiwae-gaussian", "notmiwae-categorical", "miwae-gaussian",
+                                  "notmiwae-gaussian-levelwise", "notmiwae-categorical-levelwise"])
 def test_predictions_are_finite_and_on_the_rating_scale(small_ratings, name):
     users, items, _ = small_ratings.test_triples()
     model = make_recommender(name, seed=0, **QUICK).fit(small_ratings.train)
@@ -34,13 +35,18 @@ def test_variants_set_the_paper_choices():
         return make_recommender(name).config.model_config(10)
 
     assert set(VARIANTS) == {"notmiwae-gaussian", "notmiwae-categorical", "miwae-gaussian", "miwae-categorical",
-                             "notmiwae-gaussian-sampled"}
+                             "notmiwae-gaussian-sampled", "notmiwae-gaussian-levelwise",
+                             "notmiwae-categorical-levelwise"}
     gaussian = model_config("notmiwae-gaussian")
     assert (gaussian.decoder, gaussian.missing, gaussian.missing_sign, gaussian.missing_factor) == (
         "gaussian", "itemwise", 1, "integrated")
     assert model_config("notmiwae-categorical").decoder == "categorical"
     assert model_config("miwae-categorical").missing == "mcar"
     assert model_config("notmiwae-gaussian-sampled").missing_factor == "sampled"
+    levelwise = model_config("notmiwae-categorical-levelwise")
+    assert (levelwise.decoder, levelwise.missing, levelwise.missing_factor) == ("categorical", "levelwise", "integrated")
+    assert model_config("notmiwae-gaussian-levelwise").missing == "levelwise"
+    assert make_recommender("notmiwae-gaussian-levelwise", rating_scale=(0, 3)).config.model_config(10).levels == (0, 3)
     assert make_recommender("notmiwae-gaussian").config.importance.n_samples == 1_000
     assert make_recommender("notmiwae-gaussian", latent_dim=5).config.model_config(10).latent_dim == 5
 
