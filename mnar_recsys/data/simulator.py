@@ -42,6 +42,7 @@ _REALISED_ROUNDS = 3  # corrections of the approximation by the shares the race 
 _BLOCK_ROWS = 1024  # rows per block of temporaries
 _ORACLE_GRID = 4096  # interpolation cells for the oracle's E[rating | signal]
 _INDEPENDENT_ROUNDS = 2_000  # most damped fixed-point steps solving the independent selection's logits
+_MAX_SELECTION_LOGIT = 30.0  # bound on those logits, so that out-of-reach targets cannot overflow them
 SELECTIONS = ("race", "independent")
 
 
@@ -289,8 +290,10 @@ def _select_independently(
         share_step, total_step = np.log(train_shares / (mass / mass.sum())), np.log(n_total / mass.sum())
         if max(np.abs(share_step).max(), abs(total_step)) < 1e-6:
             break
-        log_propensity += 0.5 * share_step
-        intercept += 0.5 * total_step
+        # clipped: with dense selection (few items per user) the targets can be out of reach, and the
+        # logits then run off to the bound, where the reachable shares closest to the targets are
+        log_propensity = np.clip(log_propensity + 0.5 * share_step, -_MAX_SELECTION_LOGIT, _MAX_SELECTION_LOGIT)
+        intercept = float(np.clip(intercept + 0.5 * total_step, -_MAX_SELECTION_LOGIT, _MAX_SELECTION_LOGIT))
     shift = np.log(np.exp(log_propensity).sum())  # normalise the propensity, keeping the logits
     propensity, intercept = np.exp(log_propensity - shift), intercept + shift
     by_rating = np.concatenate([[np.nan], np.log(propensity)]).astype(np.float32)
