@@ -4,8 +4,8 @@
 Per-feature models (`per_feature = True`) compute logit_j from x_j alone through
 `feature_logits(x, features)`, elementwise with `features` giving each value's feature index; that is
 what lets the model integrate x_m out feature by feature. Those marked `affine` have logits affine in
-x_j (`feature_affine`), which gives the Gaussian decoder a fast quadrature; the others
-(`LevelwiseLogistic`, `FixedFunction`) go through the decoder's generic quadrature nodes.
+x_j (`feature_affine`), which gives the Gaussian decoder a fast quadrature; `LevelwiseLogistic` has a
+fused loop of its own, and `FixedFunction` goes through the decoder's generic quadrature nodes.
 """
 
 from __future__ import annotations
