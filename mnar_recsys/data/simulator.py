@@ -7,10 +7,18 @@ Generative model (all draws from one seeded ``np.random.default_rng``):
    ``e_ui ~ N(0, noise_var)``.
 2. Rating ``r_ui = 1 + #{k : s_ui > t_k}``, with thresholds ``t_k`` at the quantiles of the scores
    given by the cumulative ``mcar_shares``, so a uniformly random cell has those rating shares.
-3. Self-selection (train, MNAR): user u rates ``n_u`` items (``n_u`` = ``min_ratings_per_user`` plus a
-   log-normal count whose median and mean are solved from the config), drawn without replacement
-   with weight ``popularity_i * propensity[r_ui]``; the per-rating propensity is solved so that the
-   train rating shares match ``train_shares``.
+3. Self-selection (train, MNAR), one of two mechanisms (``selection``):
+   - ``"race"`` (default): user u rates ``n_u`` items (``n_u`` = ``min_ratings_per_user`` plus a
+     log-normal count whose median and mean are solved from the config), drawn without replacement
+     with weight ``popularity_i * propensity[r_ui]``; the per-rating propensity is solved so that the
+     train rating shares match ``train_shares``. A user's items compete for a fixed budget, so whether
+     a cell is rated depends on the user's other ratings too.
+   - ``"independent"``: every cell is rated independently with
+     ``logit Pr(rated) = intercept + log popularity_i + log propensity[r_ui]``, the intercept and the
+     propensity solved so that the expected number of ratings is ``sum_u n_u`` and the expected train
+     shares are ``train_shares``. This is the not-MIWAE's own missing model (an item bias plus a logit
+     per rating level), so it tells model error from mis-specification; users then rate a
+     binomial-like number of items, which may be below ``min_ratings_per_user``.
 4. MCAR test: each of the first ``n_test_users`` users gets ``test_items_per_user`` items drawn
    uniformly without replacement, independently of the train selection (a cell may be in both).
 
@@ -24,7 +32,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike
-from scipy.special import ndtr
+from scipy.special import expit, ndtr
 
 from .ratings import RatingsData
 from .triples import to_csr
@@ -33,6 +41,9 @@ _APPROX_ROUNDS = 500  # most fixed-point steps solving the approximate propensit
 _REALISED_ROUNDS = 3  # corrections of the approximation by the shares the race realises
 _BLOCK_ROWS = 1024  # rows per block of temporaries
 _ORACLE_GRID = 4096  # interpolation cells for the oracle's E[rating | signal]
+_INDEPENDENT_ROUNDS = 2_000  # most damped fixed-point steps solving the independent selection's logits
+_MAX_SELECTION_LOGIT = 30.0  # bound on those logits, so that out-of-reach targets cannot overflow them
+SELECTIONS = ("race", "independent")
 
 
 @dataclass
@@ -56,6 +67,8 @@ class SimulatorConfig:
         mean_ratings_per_user: mean train ratings per user (with the median, fixes the log-normal tail).
         popularity_sigma: log-scale spread of item popularity (heavier tail -> more skewed item counts).
         popularity_floor: popularity added to every item, so that no item is (almost) never rated.
+        selection: "race" (a fixed number of ratings per user, drawn without replacement) or
+            "independent" (a logistic draw per cell); see the module docstring.
         seed: seed of the random generator; equal configs give equal data.
     """
 
@@ -75,9 +88,12 @@ class SimulatorConfig:
     mean_ratings_per_user: float = 20.2
     popularity_sigma: float = 1.5
     popularity_floor: float = 0.25
+    selection: str = "race"
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if self.selection not in SELECTIONS:
+            raise ValueError(f"selection must be one of {SELECTIONS}, got {self.selection!r}")
         if len(self.mcar_shares) != len(self.train_shares):
             raise ValueError("mcar_shares and train_shares must have one share per rating level")
         for name in ("mcar_shares", "train_shares"):
@@ -127,9 +143,19 @@ def simulate_ratings(config: SimulatorConfig | None = None) -> RatingsData:
 
     n_rated = _ratings_per_user(config, rng)
     popularity = config.popularity_floor + np.exp(config.popularity_sigma * rng.standard_normal(n_items))
-    race = rng.standard_exponential(dtype=np.float32, out=score)  # reuse: the score is no longer needed
-    propensity, train_mask = _select(truth, n_rated, popularity, race, _normalised(config.train_shares))
-    del race, score, signal
+    train_shares = _normalised(config.train_shares)
+    selection = {}
+    if config.selection == "race":
+        race = rng.standard_exponential(dtype=np.float32, out=score)  # reuse: the score is no longer needed
+        propensity, train_mask = _select(truth, n_rated, popularity, race, train_shares)
+        del race
+    else:
+        uniform = rng.random(dtype=np.float32, out=score)  # reuse: the score is no longer needed
+        propensity, intercept, train_mask = _select_independently(truth, int(n_rated.sum()), popularity, uniform,
+                                                                  train_shares)
+        selection["selection_intercept"] = intercept
+        del uniform
+    del score, signal
 
     test_rows, test_cols = _mcar_cells(config, rng)
     rows, cols = np.nonzero(train_mask)
@@ -155,6 +181,7 @@ def simulate_ratings(config: SimulatorConfig | None = None) -> RatingsData:
                 "ratings_per_user": n_rated,
                 "popularity": popularity,
                 "propensity": propensity,
+                **selection,
             },
         },
     )
@@ -243,6 +270,38 @@ def _approximate_propensity(mass: np.ndarray, n_rated: np.ndarray, target: np.nd
             break
         propensity = _normalised(np.maximum(propensity * target / expected, 1e-12))  # floor: keys stay finite
     return propensity
+
+
+def _select_independently(
+    truth: np.ndarray, n_total: int, popularity: np.ndarray, uniform: np.ndarray, train_shares: np.ndarray
+) -> tuple[np.ndarray, float, np.ndarray]:
+    """Solve (propensity, intercept) and draw each cell with Pr = sigmoid(intercept + log(pop_i * propensity_r)).
+
+    The expectations only need the count of each (item, rating) pair, so the damped fixed point runs on
+    an items x levels table rather than on the dense matrix; ``uniform`` holds one U(0, 1) per cell.
+    Returns the propensity normalised to sum 1, the matching intercept and the mask.
+    """
+    n_levels = len(train_shares)
+    counts = np.stack([np.count_nonzero(truth == level, axis=0) for level in range(1, n_levels + 1)], axis=1)
+    log_popularity = np.log(popularity)[:, None]
+    log_propensity, intercept = np.zeros(n_levels), 0.0
+    for _ in range(_INDEPENDENT_ROUNDS):
+        mass = (counts * expit(intercept + log_popularity + log_propensity)).sum(axis=0)
+        share_step, total_step = np.log(train_shares / (mass / mass.sum())), np.log(n_total / mass.sum())
+        if max(np.abs(share_step).max(), abs(total_step)) < 1e-6:
+            break
+        # clipped: with dense selection (few items per user) the targets can be out of reach, and the
+        # logits then run off to the bound, where the reachable shares closest to the targets are
+        log_propensity = np.clip(log_propensity + 0.5 * share_step, -_MAX_SELECTION_LOGIT, _MAX_SELECTION_LOGIT)
+        intercept = float(np.clip(intercept + 0.5 * total_step, -_MAX_SELECTION_LOGIT, _MAX_SELECTION_LOGIT))
+    shift = np.log(np.exp(log_propensity).sum())  # normalise the propensity, keeping the logits
+    propensity, intercept = np.exp(log_propensity - shift), intercept + shift
+    by_rating = np.concatenate([[np.nan], np.log(propensity)]).astype(np.float32)
+    item_logit = (intercept + np.log(popularity)).astype(np.float32)
+    mask = np.empty(truth.shape, dtype=bool)
+    for rows in _row_blocks(truth.shape[0]):
+        mask[rows] = uniform[rows] < expit(item_logit + by_rating[truth[rows]])
+    return propensity, float(intercept), mask
 
 
 def _race_winners(

@@ -32,6 +32,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "miwae-gaussian": {"missing": "mcar", "missing_factor": "sampled"},
     "miwae-categorical": {"decoder": "categorical", "missing": "mcar", "missing_factor": "sampled"},
     "notmiwae-gaussian-sampled": {"missing_factor": "sampled"},
+    # a free selection logit per rating level instead of one weight linear in the rating
+    "notmiwae-gaussian-levelwise": {"missing": "levelwise"},
+    "notmiwae-categorical-levelwise": {"decoder": "categorical", "missing": "levelwise"},
 }
 
 

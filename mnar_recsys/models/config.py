@@ -12,7 +12,7 @@ from mnar_recsys.models.notmiwae import NotMIWAE
 ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh}
 ENCODERS = ("mlp", "set", "conv")
 DECODERS = ("gaussian", "linear", "categorical", "bernoulli", "student-t", "conv-gaussian")
-MISSING_MODELS = ("mcar", "self-masking", "self-masking-known", "itemwise", "agnostic", "nonlinear",
+MISSING_MODELS = ("mcar", "self-masking", "self-masking-known", "itemwise", "levelwise", "agnostic", "nonlinear",
                   "fixed-logistic")
 
 
@@ -28,6 +28,7 @@ class ModelConfig:
         Gumbel-Softmax at `temperature`, 'bernoulli', 'student-t', 'conv-gaussian' (images).
     missing: 'mcar' (the MIWAE), 'self-masking', 'self-masking-known' (direction `missing_sign`),
         'itemwise' (one shared weight, per-item biases; sign-constrained unless `missing_sign` is None),
+        'levelwise' (a free logit per rating level in `levels`, interpolated between them, per-item biases),
         'agnostic', 'nonlinear', 'fixed-logistic' (`fixed_weight` · (x - `fixed_offset`)).
     missing_factor: 'integrated' (x_m integrated out per feature) or 'sampled'.
     unobserved_samples: None for the exact missing term; m >= 1 to train on its estimate from m uniform
@@ -114,6 +115,8 @@ def build_missing_model(cfg: ModelConfig) -> missing.MissingModel:
         return missing.SelfMaskingKnownSign(p, sign=cfg.missing_sign or -1)
     if cfg.missing == "itemwise":
         return missing.ItemwiseLogistic(p, sign=cfg.missing_sign)
+    if cfg.missing == "levelwise":
+        return missing.LevelwiseLogistic(p, levels=cfg.levels)
     if cfg.missing == "agnostic":
         return missing.Agnostic(p)
     if cfg.missing == "nonlinear":

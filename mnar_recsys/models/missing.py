@@ -3,8 +3,9 @@
 `log_prob(x, mask)` scores a mask (1 = observed) given completed rows x of shape (..., p).
 Per-feature models (`per_feature = True`) compute logit_j from x_j alone through
 `feature_logits(x, features)`, elementwise with `features` giving each value's feature index; that is
-what lets the model integrate x_m out feature by feature. All but `FixedFunction` are affine in x_j
-(`feature_affine`), which gives the Gaussian decoder a fast quadrature.
+what lets the model integrate x_m out feature by feature. Those marked `affine` have logits affine in
+x_j (`feature_affine`), which gives the Gaussian decoder a fast quadrature; `LevelwiseLogistic` has a
+fused loop of its own, and `FixedFunction` goes through the decoder's generic quadrature nodes.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ def bernoulli_log_prob(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor
 
 class MissingModel(nn.Module):
     per_feature: bool = False
+    #: True when logit_j is affine in x_j and `feature_affine` gives it (the Gaussian decoder's fast path)
+    affine: bool = False
     #: True for the MCAR model, whose factor is dropped from the bound (the MIWAE)
     is_mcar: bool = False
 
@@ -71,6 +74,7 @@ class SelfMasking(MissingModel):
     """logit_j = w_j x_j + b_j: one logistic regression per feature on its own value."""
 
     per_feature = True
+    affine = True
 
     def __init__(self, n_features: int):
         super().__init__()
@@ -93,6 +97,7 @@ class SelfMaskingKnownSign(MissingModel):
     """
 
     per_feature = True
+    affine = True
 
     def __init__(self, n_features: int, sign: int = -1):
         super().__init__()
@@ -119,6 +124,7 @@ class ItemwiseLogistic(MissingModel):
     """
 
     per_feature = True
+    affine = True
 
     def __init__(self, n_features: int, sign: int | None = 1, initial_weight: float = 0.5):
         super().__init__()
@@ -139,6 +145,50 @@ class ItemwiseLogistic(MissingModel):
     def initialise(self, observed_fraction: np.ndarray, center: float) -> None:
         with torch.no_grad():
             self.bias.copy_(_logit(observed_fraction, self.bias) - self.weight * center)
+
+
+class LevelwiseLogistic(MissingModel):
+    """logit_j = g(x_j) + b_j with a free logit g(level) per rating level and a bias per item.
+
+    Self-selection need not be linear in the rating (Marlin & Zemel's CPT-v: users mostly rate what they
+    love, and hated items more than middling ones), which one shared weight cannot express. Between
+    levels g is interpolated linearly, so continuous decoders integrate it through their quadrature
+    nodes; beyond the end levels it is constant, as a value past the scale stands for the end rating.
+    A constant shift of g is absorbed by the biases, so g is centred (mean 0 over the levels).
+    """
+
+    per_feature = True
+
+    def __init__(self, n_features: int, levels: tuple[int, int] = (1, 5), initial_weight: float = 0.5):
+        super().__init__()
+        lo, hi = levels
+        if hi <= lo:
+            raise ValueError(f"levels must satisfy lo < hi, got {levels}")
+        self.lo, self.n_levels = float(lo), hi - lo + 1
+        # starts linear with the item-wise model's initial slope: higher ratings more often observed
+        steps = torch.arange(self.n_levels, dtype=torch.float32)
+        self.raw_level_logits = nn.Parameter(initial_weight * (steps - steps.mean()))
+        self.bias = nn.Parameter(torch.zeros(n_features))
+
+    def level_logits(self) -> torch.Tensor:
+        """g at the levels lo..hi, centred."""
+        return self.raw_level_logits - self.raw_level_logits.mean()
+
+    def value_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """g(x): linear interpolation between the levels, constant beyond the end levels."""
+        g = self.level_logits()
+        position = (x - self.lo).clamp(0, self.n_levels - 1)
+        left = position.detach().floor().clamp(max=self.n_levels - 2).long()
+        fraction = position - left
+        return torch.lerp(g[left], g[left + 1], fraction)
+
+    def feature_logits(self, x: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        return self.value_logits(x) + self.bias[features]
+
+    def initialise(self, observed_fraction: np.ndarray, center: float) -> None:
+        with torch.no_grad():
+            at_center = self.value_logits(torch.tensor(center, device=self.bias.device))
+            self.bias.copy_(_logit(observed_fraction, self.bias) - at_center)
 
 
 class Agnostic(MissingModel):
@@ -177,6 +227,7 @@ class FixedLogistic(MissingModel):
     """A known, fixed missing process logit_j = weight · (x_j - offset), e.g. SVHN clipping (-50, 0.75)."""
 
     per_feature = True
+    affine = True
 
     def __init__(self, weight: float = -50.0, offset: float = 0.75):
         super().__init__()

@@ -14,8 +14,8 @@ from mnar_recsys.data.rows import RowBatch
 from mnar_recsys.devices import cpu_normal
 from mnar_recsys.models.bound import BoundTerms, importance_weighted_bound
 from mnar_recsys.models.decoders import GaussianDecoder, ObservationModel, Params
-from mnar_recsys.models.missing import FixedFunction, MissingModel
-from mnar_recsys.models.quadrature import log_expected_sigmoid
+from mnar_recsys.models.missing import LevelwiseLogistic, MissingModel
+from mnar_recsys.models.quadrature import log_expected_sigmoid, log_expected_sigmoid_piecewise
 from mnar_recsys.models.unobserved import UnobservedDraw, draw_unobserved
 
 MISSING_FACTORS = ("sampled", "integrated")
@@ -168,11 +168,15 @@ class NotMIWAE(nn.Module):
         decoder, model = self.decoder, self.missing_model
         if features is None:
             features = torch.arange(self.n_features, device=params[0].device)
-        if isinstance(decoder, GaussianDecoder) and not isinstance(model, FixedFunction):
+        if isinstance(decoder, GaussianDecoder) and model.affine:
             slope, intercept = model.feature_affine(features)
             loc, scale = params
             return log_expected_sigmoid(slope * loc + intercept, slope.abs() * _compact(scale),
                                         decoder.quadrature_points)
+        if isinstance(decoder, GaussianDecoder) and isinstance(model, LevelwiseLogistic):
+            loc, scale = params
+            return log_expected_sigmoid_piecewise(loc, _compact(scale), model.level_logits(), model.bias[features],
+                                                  model.lo, decoder.quadrature_points)
         nodes, log_w = decoder.quadrature(params)
         support = getattr(decoder, "support", None)
         if support is not None and features.dim() <= 1:

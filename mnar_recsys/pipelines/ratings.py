@@ -21,6 +21,7 @@ import torch
 from baselines.base import Recommender
 from baselines.registry import BASELINES, make_baseline
 from mnar_recsys.data import RatingsData, SimulatorConfig, load_coat, load_yahoo_r3, simulate_ratings
+from mnar_recsys.data.simulator import SELECTIONS
 from mnar_recsys.devices import DEVICES
 from mnar_recsys.estimators.recommender import VARIANTS, NotMIWAERecommender, OracleRecommender, make_recommender
 from mnar_recsys.evaluation import plots
@@ -59,12 +60,15 @@ class RatingsRun:
     items: int = SYNTHETIC_ITEMS
     test_users: int | None = None
     data_seed: int = 0
+    selection: str = "race"
     estimator_k: tuple[int, ...] = ()
     unobserved_samples: int | None = None
 
     def __post_init__(self) -> None:
         if self.data not in DATASETS:
             raise ValueError(f"data must be one of {DATASETS}, got {self.data!r}")
+        if self.selection not in SELECTIONS:
+            raise ValueError(f"selection must be one of {SELECTIONS}, got {self.selection!r}")
         if self.data != "synthetic" and not self.data_dir:
             raise ValueError(f"--data {self.data} needs --data-dir")
         if not self.models:
@@ -91,7 +95,7 @@ def load_data(run: RatingsRun) -> RatingsData:
         return load_yahoo_r3(run.data_dir)
     test_users = run.test_users if run.test_users is not None else max(1, run.users * 5_400 // 15_400)
     return simulate_ratings(SimulatorConfig(n_users=run.users, n_items=run.items, n_test_users=test_users,
-                                            seed=run.data_seed))
+                                            selection=run.selection, seed=run.data_seed))
 
 
 def build(name: str, run: RatingsRun, data: RatingsData, seed: int, progress: bool) -> Recommender:
@@ -275,6 +279,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--test-users", type=int, default=None,
                         help="synthetic users with 10 MCAR ratings (default: Yahoo's share, 5,400/15,400)")
     parser.add_argument("--data-seed", type=int, default=0, help="seed of the synthetic data (default 0)")
+    parser.add_argument("--selection", choices=SELECTIONS, default="race",
+                        help="synthetic self-selection: race (default: a fixed number of ratings per user) or "
+                             "independent (a logistic draw per cell, the not-MIWAE's own missing model)")
     parser.add_argument("--estimator-k", type=_ints, default=(),
                         help=f"e.g. 100,1000,10000: also report {ESTIMATOR_MODEL}'s MCAR MSE for these K, "
                              "with x_m sampled and integrated")
@@ -299,7 +306,7 @@ def _run(args: argparse.Namespace) -> int:
                      iterations=args.iterations, batch_size=args.batch_size, lr=args.lr,
                      validation_fraction=args.validation_fraction, importance_samples=args.importance_samples,
                      device=args.device, users=args.users, items=args.items, test_users=args.test_users,
-                     data_seed=args.data_seed, estimator_k=args.estimator_k,
+                     data_seed=args.data_seed, selection=args.selection, estimator_k=args.estimator_k,
                      unobserved_samples=args.unobserved_samples)
     if not distributed.launched():
         run_ratings(run, progress=not args.no_progress)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from scipy.special import ndtr
+from scipy.special import expit, ndtr
 
 from mnar_recsys.data.simulator import SimulatorConfig, simulate_ratings
 
@@ -87,7 +87,28 @@ def test_small_config_keeps_guarantees():
     np.testing.assert_allclose(shares(data.train.data), YAHOO_TRAIN_SHARES, atol=0.03)
 
 
+def test_independent_selection_is_the_stated_logistic_model():
+    """Each cell is rated with Pr = sigmoid(intercept + log popularity_i + log propensity_r), solved so that
+    the train shares are Yahoo's and the expected number of ratings is that of the race's budgets."""
+    data = simulate_ratings(SimulatorConfig(**SMALL, selection="independent", seed=3))
+    params = data.meta["params"]
+    np.testing.assert_allclose(shares(data.train.data), YAHOO_TRAIN_SHARES, atol=0.03)
+    assert data.train.nnz == pytest.approx(params["ratings_per_user"].sum(), rel=0.03)
+    assert params["propensity"].sum() == pytest.approx(1.0) and np.all(np.diff(params["propensity"][1:]) > 0)
+    probability = expit(params["selection_intercept"] + np.log(params["popularity"])[None, :]
+                        + np.log(params["propensity"])[data.truth - 1])
+    rated = np.zeros(data.truth.shape, dtype=bool)
+    rated[data.train.nonzero()] = True
+    for level in range(1, 6):
+        cells = data.truth == level
+        assert rated[cells].sum() == pytest.approx(probability[cells].sum(), rel=0.05)
+    assert np.diff(data.train.indptr).min() < 10  # no per-user budget: counts vary freely
+    np.testing.assert_allclose(shares(data.test.data), YAHOO_MCAR_SHARES, atol=0.03)
+
+
 def test_invalid_config():
+    with pytest.raises(ValueError, match="selection must be one of"):
+        SimulatorConfig(selection="lottery")
     with pytest.raises(ValueError, match="train_shares must be positive and sum to 1"):
         SimulatorConfig(train_shares=(0.5, 0.5, 0.5, 0.5, 0.5))
     with pytest.raises(ValueError, match="min_ratings_per_user < median_ratings_per_user"):

@@ -19,7 +19,8 @@ from mnar_recsys.training.trainer import TrainConfig
 QUICK = {"train": TrainConfig(iterations=30, progress=False), "importance": ImportanceConfig(n_samples=50)}
 
 
-@pytest.mark.parametrize("name", ["notmiwae-gaussian", "notmiwae-categorical", "miwae-gaussian"])
+@pytest.mark.parametrize("name", ["notmiwae-gaussian", "notmiwae-categorical", "miwae-gaussian",
+                                  "notmiwae-gaussian-levelwise", "notmiwae-categorical-levelwise"])
 def test_predictions_are_finite_and_on_the_rating_scale(small_ratings, name):
     users, items, _ = small_ratings.test_triples()
     model = make_recommender(name, seed=0, **QUICK).fit(small_ratings.train)
@@ -34,13 +35,18 @@ def test_variants_set_the_paper_choices():
         return make_recommender(name).config.model_config(10)
 
     assert set(VARIANTS) == {"notmiwae-gaussian", "notmiwae-categorical", "miwae-gaussian", "miwae-categorical",
-                             "notmiwae-gaussian-sampled"}
+                             "notmiwae-gaussian-sampled", "notmiwae-gaussian-levelwise",
+                             "notmiwae-categorical-levelwise"}
     gaussian = model_config("notmiwae-gaussian")
     assert (gaussian.decoder, gaussian.missing, gaussian.missing_sign, gaussian.missing_factor) == (
         "gaussian", "itemwise", 1, "integrated")
     assert model_config("notmiwae-categorical").decoder == "categorical"
     assert model_config("miwae-categorical").missing == "mcar"
     assert model_config("notmiwae-gaussian-sampled").missing_factor == "sampled"
+    levelwise = model_config("notmiwae-categorical-levelwise")
+    assert (levelwise.decoder, levelwise.missing, levelwise.missing_factor) == ("categorical", "levelwise", "integrated")
+    assert model_config("notmiwae-gaussian-levelwise").missing == "levelwise"
+    assert make_recommender("notmiwae-gaussian-levelwise", rating_scale=(0, 3)).config.model_config(10).levels == (0, 3)
     assert make_recommender("notmiwae-gaussian").config.importance.n_samples == 1_000
     assert make_recommender("notmiwae-gaussian", latent_dim=5).config.model_config(10).latent_dim == 5
 
@@ -96,3 +102,31 @@ def test_notmiwae_beats_miwae_and_mf_on_simulated_mnar_ratings(seed):
     assert notmiwae < mf - 0.15
     assert notmiwae < miwae - 0.4
     assert notmiwae < oracle + 0.6  # the part of the MNAR bias left after 400 steps
+
+
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow)])
+def test_levelwise_notmiwae_nears_the_oracle_when_cells_are_selected_independently(seed):
+    """The simulator's 'independent' selection draws each cell with an item bias plus a logit per rating
+    level: the levelwise missing model's own form. Measured MCAR MSE (1,000 users x 100 items, about 10
+    ratings per user, 400 steps at lr 1e-2, K_pred 200), seeds 0 / 1 / 2: levelwise categorical not-MIWAE
+    0.693 / 0.683 / 0.685, MIWAE 1.393 / 1.623 / 1.616, MF 1.314 / 1.451 / 1.470, oracle 0.407 / 0.401 /
+    0.437 (the item-wise categorical not-MIWAE: 0.654 / 0.635 / 0.662, level logits gain nothing this
+    short). Under the default 'race' selection (a fixed number of ratings per user) the same model scores
+    2.00 / 2.52 on seeds 0 / 1, worse than MF: there its per-cell missing model is mis-specified."""
+    data = simulate_ratings(SimulatorConfig(n_users=1_000, n_items=100, n_test_users=333, min_ratings_per_user=5,
+                                            median_ratings_per_user=7.5, mean_ratings_per_user=10.1,
+                                            selection="independent", seed=seed))
+    split = mcar_split(data, seed)
+    train, importance = TrainConfig(iterations=400, lr=1e-2, progress=False), ImportanceConfig(n_samples=200)
+
+    def score(model) -> float:
+        return fit_and_score(model, split)[0]["mse"]
+
+    levelwise = score(make_recommender("notmiwae-categorical-levelwise", seed=seed, train=train,
+                                       importance=importance))
+    miwae = score(make_recommender("miwae-gaussian", seed=seed, train=train, importance=importance))
+    mf = score(make_baseline("mf", seed=seed))
+    oracle = score(OracleRecommender(data.meta["oracle"]))
+    assert levelwise < mf - 0.4
+    assert levelwise < miwae - 0.5
+    assert levelwise < oracle + 0.4

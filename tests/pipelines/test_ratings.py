@@ -11,7 +11,7 @@ import pytest
 from mnar_recsys.cli import main
 from mnar_recsys.data import load_coat
 from mnar_recsys.evaluation.protocol import fit_and_score, mcar_split
-from mnar_recsys.pipelines.ratings import RatingsRun, build
+from mnar_recsys.pipelines.ratings import RatingsRun, build, load_data
 
 REQUIRED = {"model", "seed", "mse", "mae", "ndcg@5", "per_rating", "train_seconds", "predict_seconds", "n_test",
             "config", "provenance"}
@@ -48,6 +48,14 @@ def test_cli_refuses_bad_requests(tmp_path, capsys):
     assert main(["ratings", "--models", "notmiwae-poisson", "--out", str(tmp_path)]) == 2
     assert main(["ratings", "--data", "coat", "--out", str(tmp_path)]) == 2
     assert "needs --data-dir" in capsys.readouterr().err
+
+
+def test_selection_reaches_the_simulator():
+    data = load_data(RatingsRun(users=300, items=60, selection="independent"))
+    assert data.meta["config"]["selection"] == "independent" and "selection_intercept" in data.meta["params"]
+    assert load_data(RatingsRun(users=300, items=60)).meta["config"]["selection"] == "race"
+    with pytest.raises(ValueError, match="selection must be one of"):
+        RatingsRun(selection="lottery")
 
 
 def test_notmiwae_beats_miwae_and_mf_on_coat():
