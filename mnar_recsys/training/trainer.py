@@ -19,9 +19,9 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from mnar_recsys.data.rows import RowSource, as_rows
+from mnar_recsys.devices import resolve_device
 from mnar_recsys.models.notmiwae import NotMIWAE
 from mnar_recsys.training import distributed
-from mnar_recsys.devices import resolve_device
 from mnar_recsys.training.seeds import step_seed
 
 
@@ -120,7 +120,7 @@ def fit(model: NotMIWAE, data: "np.ndarray | sp.spmatrix | RowSource", config: T
     main = distributed.is_main_process()
     bar = tqdm(range(1, config.iterations + 1), disable=not (config.progress and main), desc="training",
                mininterval=0.5)
-    batches = _batches(training.size, config.batch_size, np.random.default_rng(_order_seed(config.seed)))
+    batches = _batches(training.size, config.batch_size, np.random.default_rng(_row_seed(config.seed, _BATCHES)))
     for iteration in bar:
         batch = training[next(batches)]
         value = _step(step_model, rows, batch, n_shards, config, iteration, device)
@@ -147,7 +147,7 @@ def _split_rows(model: NotMIWAE, data: "np.ndarray | sp.spmatrix | RowSource", c
     rows = prepare_rows(model, data)
     if rows.n_rows == 0:
         raise ValueError("cannot train on zero rows")
-    order = np.random.default_rng(_order_seed(config.seed)).permutation(rows.n_rows)
+    order = np.random.default_rng(_row_seed(config.seed, _SPLIT)).permutation(rows.n_rows)
     n_validation = int(round(config.validation_fraction * rows.n_rows))
     if config.validation_fraction > 0 and not 0 < n_validation < rows.n_rows:
         raise ValueError(f"validation_fraction {config.validation_fraction} of {rows.n_rows} rows leaves no "
@@ -162,8 +162,12 @@ def _split_rows(model: NotMIWAE, data: "np.ndarray | sp.spmatrix | RowSource", c
     return rows, training, np.sort(order[:n_validation])
 
 
-def _order_seed(seed: int) -> np.random.SeedSequence:
-    return np.random.SeedSequence([seed, 0])
+_BATCHES, _SPLIT = 0, 1  # independent streams: the batch order and the training / validation split
+
+
+def _row_seed(seed: int, stream: int) -> np.random.SeedSequence:
+    """The same on every process, so all ranks agree on the split and on each global batch."""
+    return np.random.SeedSequence([seed, stream])
 
 
 def _data_parallel(model: NotMIWAE, device: torch.device) -> nn.Module:
