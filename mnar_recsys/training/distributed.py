@@ -54,7 +54,10 @@ def initialise(device: str = "auto", backend: str = "auto", timeout_minutes: flo
 
 
 def shutdown() -> None:
+    """Leave the group once every rank is done: a rank that tears its connections down while a peer
+    still works (process 0 scoring and writing) can make the peer's transport abort."""
     if dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
 
 
