@@ -16,14 +16,13 @@ Targets on the 2-core machine: <= 10 s per 1,000 iterations, <= 30 s for the imp
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
-import resource
 import time
 
 import numpy as np
 import scipy.sparse as sp
 import torch
 
+from isolation import isolated, peak_rss_mib  # bench/, on the path when this script runs
 from mnar_recsys.data.rows import as_rows
 from mnar_recsys.inference.importance import ImportanceConfig, impute
 from mnar_recsys.models.config import ModelConfig, build_model
@@ -39,10 +38,6 @@ def yahoo_shaped(n_rows: int, n_items: int, per_row: int, seed: int = 0) -> sp.c
     return sp.csr_matrix((rng.integers(1, 6, rows.size).astype(np.float32), (rows, cols)), shape=(n_rows, n_items))
 
 
-def peak_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 def train_seconds(missing_factor: str, iterations: int, unobserved_samples: int | None = None) -> dict:
     data = yahoo_shaped(USERS, ITEMS, PER_ROW)
     model = build_model(ModelConfig(n_features=ITEMS, missing_factor=missing_factor,
@@ -50,7 +45,7 @@ def train_seconds(missing_factor: str, iterations: int, unobserved_samples: int 
     start = time.perf_counter()
     fit(model, data, TrainConfig(iterations=iterations, progress=False))
     seconds = time.perf_counter() - start
-    return {"per_1000": seconds * 1000 / iterations, "peak_mib": peak_mib()}
+    return {"per_1000": seconds * 1000 / iterations, "peak_mib": peak_rss_mib()}
 
 
 def impute_seconds(n_rows: int, n_samples: int) -> dict:
@@ -61,7 +56,7 @@ def impute_seconds(n_rows: int, n_samples: int) -> dict:
     start = time.perf_counter()
     impute(model, data, np.repeat(np.arange(n_rows), TEST_ITEMS), targets.ravel(),
            config=ImportanceConfig(n_samples=n_samples))
-    return {"seconds": time.perf_counter() - start, "peak_mib": peak_mib()}
+    return {"seconds": time.perf_counter() - start, "peak_mib": peak_rss_mib()}
 
 
 def _dense_set_encoder(encoder, values: torch.Tensor, mask: torch.Tensor):
@@ -100,21 +95,6 @@ def sparse_vs_dense(n_items: int, repeats: int = 20) -> dict:
 
     return {"encoder_sparse": _time(encoder_sparse, repeats), "encoder_dense": _time(encoder_dense, repeats),
             "step_csr": _time(step(sparse_rows), 5), "step_dense": _time(step(dense_rows), 5)}
-
-
-def _run(queue, function, args):
-    queue.put(function(*args))
-
-
-def isolated(function, *args) -> dict:
-    """Run a measurement in a fresh process so its peak memory is its own."""
-    context = mp.get_context("spawn")
-    queue = context.Queue()
-    process = context.Process(target=_run, args=(queue, function, args))
-    process.start()
-    result = queue.get()
-    process.join()
-    return result
 
 
 def main() -> None:

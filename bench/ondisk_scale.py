@@ -16,8 +16,6 @@ so reads are warm.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
-import resource
 import shutil
 import tempfile
 import time
@@ -26,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
+from isolation import isolated, peak_rss_mib  # bench/, on the path when this script runs
 from mnar_recsys.data.ondisk import convert_triples, open_csr, save_csr
 from mnar_recsys.models.decoders import GaussianDecoder
 
@@ -46,7 +45,7 @@ def _memory(base: dict | None = None) -> dict:
     with `base` (taken after the imports: torch alone is some 280 MiB), also the growth over it."""
     status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
     kib = {key: int(status[key].split()[0]) for key in ("RssAnon", "RssFile")}
-    now = {"peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    now = {"peak_mib": peak_rss_mib(),
            "anon_mib": kib["RssAnon"] / 1024, "file_mib": kib["RssFile"] / 1024}
     if base is not None:
         now.update({f"{key}_growth": now[key] - base[key] for key in ("peak_mib", "anon_mib", "file_mib")})
@@ -106,21 +105,6 @@ def same_matrix(folder: str, n_lines: int) -> bool:
     return (np.array_equal(rows.indptr, expected.indptr) and np.array_equal(rows.item_ids, np.unique(expected.indices))
             and np.array_equal(rows.item_ids[rows.indices], expected.indices)
             and np.array_equal(rows.data, expected.data))
-
-
-def _run(queue, function, args):
-    queue.put(function(*args))
-
-
-def isolated(function, *args) -> dict:
-    """Run a step in a fresh process so its peak memory is its own."""
-    context = mp.get_context("spawn")
-    queue = context.Queue()
-    process = context.Process(target=_run, args=(queue, function, args))
-    process.start()
-    result = queue.get()
-    process.join()
-    return result
 
 
 def main() -> None:

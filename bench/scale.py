@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from isolation import peak_rss_mib  # bench/, on the path when this script runs
 from mnar_recsys.data.ondisk import open_csr, save_csr
 from mnar_recsys.models.config import ModelConfig, build_model
 from mnar_recsys.training import distributed
@@ -69,17 +69,6 @@ def per_thousand(model_config: ModelConfig, rows, iterations: int, device: str, 
     return (fastest[2 * iterations] - fastest[iterations]) * 1000 / iterations
 
 
-def peak_rss_gib() -> float:
-    """This process's peak resident memory. Linux's ru_maxrss carries the peak of the parent that forked
-    it across exec (here, the process that generated the data), so read the VmHWM of /proc instead."""
-    try:
-        with open("/proc/self/status") as status:
-            line = next(line for line in status if line.startswith("VmHWM:"))
-        return int(line.split()[1]) / 2 ** 20
-    except (OSError, StopIteration):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
-
-
 def measure(size: int, iterations: int, device: str, unobserved_samples: int, threads: int,
             data_dir: str | None) -> dict:
     torch.set_num_threads(threads)
@@ -90,7 +79,7 @@ def measure(size: int, iterations: int, device: str, unobserved_samples: int, th
         rows, config = open_csr(data_dir), ModelConfig(n_features=items, unobserved_samples=unobserved_samples)
     seconds = per_thousand(config, rows, iterations, device)
     result = {"size": size, "users": users, "items": items, "seconds_per_1000": seconds,
-              "peak_rss_gib": peak_rss_gib(),
+              "peak_rss_gib": peak_rss_mib() / 1024,
               "processes": distributed.world_size(), "threads": threads}
     if torch.cuda.is_available():
         result["peak_gpu_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
