@@ -35,6 +35,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # a free selection logit per rating level instead of one weight linear in the rating
     "notmiwae-gaussian-levelwise": {"missing": "levelwise"},
     "notmiwae-categorical-levelwise": {"decoder": "categorical", "missing": "levelwise"},
+    # plus a per-user shift of the selection logits from z: users differ in how much they rate
+    "notmiwae-gaussian-activity": {"row_offset": True},
+    "notmiwae-categorical-activity": {"decoder": "categorical", "row_offset": True},
+    "notmiwae-gaussian-levelwise-activity": {"missing": "levelwise", "row_offset": True},
+    "notmiwae-categorical-levelwise-activity": {"decoder": "categorical", "missing": "levelwise", "row_offset": True},
 }
 
 

@@ -329,6 +329,8 @@ def mask_accuracy(model: NotMIWAE, complete: np.ndarray, mask: np.ndarray) -> fl
         raise ValueError(f"complete data {complete.shape} and mask {mask.shape} must have one shape")
     if not np.isfinite(complete).all():
         raise ValueError("mask accuracy needs fully observed rows: the data holds NaN or inf")
+    if model.row_offset is not None:
+        raise ValueError("mask accuracy scores Pr(s=1|x) alone; a model with a row offset also needs each row's z")
     parameter = next(model.missing_model.parameters(), None)
     device = parameter.device if parameter is not None else torch.device("cpu")
     logits = model.missing_model.logits(torch.from_numpy(complete).to(device))

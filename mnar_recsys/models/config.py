@@ -33,6 +33,8 @@ class ModelConfig:
     missing_factor: 'integrated' (x_m integrated out per feature) or 'sampled'.
     unobserved_samples: None for the exact missing term; m >= 1 to train on its estimate from m uniform
         draws of unobserved items per row (large catalogues; see `NotMIWAE`; inference stays exact).
+    row_offset: add a per-row shift w · z to the missing model's logits (users' activity; see
+        `missing.RowOffset`).
     """
 
     n_features: int
@@ -58,6 +60,7 @@ class ModelConfig:
     fixed_offset: float = 0.75
     missing_factor: str = "integrated"
     unobserved_samples: int | None = None
+    row_offset: bool = False
 
     def __post_init__(self) -> None:
         for name, allowed in (("encoder", ENCODERS), ("decoder", DECODERS), ("missing", MISSING_MODELS),
@@ -126,5 +129,6 @@ def build_missing_model(cfg: ModelConfig) -> missing.MissingModel:
 
 def build_model(cfg: ModelConfig) -> NotMIWAE:
     """The model a config describes, freshly initialised (seed torch first for reproducibility)."""
+    row_offset = missing.RowOffset(cfg.latent_dim) if cfg.row_offset else None
     return NotMIWAE(build_encoder(cfg), build_decoder(cfg), build_missing_model(cfg), cfg.latent_dim,
-                    cfg.n_features, cfg.missing_factor, cfg.unobserved_samples)
+                    cfg.n_features, cfg.missing_factor, cfg.unobserved_samples, row_offset)

@@ -191,6 +191,24 @@ class LevelwiseLogistic(MissingModel):
             self.bias.copy_(_logit(observed_fraction, self.bias) - at_center)
 
 
+class RowOffset(nn.Module):
+    """A per-row shift a(z_i) = w · z_i of every selection logit, logit_ij = f(x_ij) + b_j + a(z_i).
+
+    Users differ in how much they rate; a missing model of the value and the item alone reads a light
+    user's many unrated items as low ratings. The shift is a function of the latent code (the set
+    encoder's sum pooling sees how many items a user rated), so p(s | x, z) stays a generative model.
+    It starts at zero (no shift).
+    """
+
+    def __init__(self, latent_dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(latent_dim))
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        """a(z) for z of shape (B, K, d): (B, K)."""
+        return z @ self.weight
+
+
 class Agnostic(MissingModel):
     """logits = W x + b: one dense linear layer of the whole completed row."""
 

@@ -14,7 +14,7 @@ from mnar_recsys.data.rows import RowBatch
 from mnar_recsys.devices import cpu_normal
 from mnar_recsys.models.bound import BoundTerms, importance_weighted_bound
 from mnar_recsys.models.decoders import GaussianDecoder, ObservationModel, Params
-from mnar_recsys.models.missing import LevelwiseLogistic, MissingModel
+from mnar_recsys.models.missing import LevelwiseLogistic, MissingModel, RowOffset, bernoulli_log_prob
 from mnar_recsys.models.quadrature import log_expected_sigmoid, log_expected_sigmoid_piecewise
 from mnar_recsys.models.unobserved import UnobservedDraw, draw_unobserved
 
@@ -49,11 +49,13 @@ class NotMIWAE(nn.Module):
     lower bound on log p(x_o, s): log-sum-exp is convex in the K estimates, so on average the estimated
     L_K lies at or above the exact one (equal for K = 1) and may exceed log p(x_o, s). It is a training
     objective only: `sample`, which inference calls and whose `params` it reads, is always exact.
+
+    row_offset (a `RowOffset`) adds a per-row shift a(z_k) to every selection logit: p(s | x, z).
     """
 
     def __init__(self, encoder: nn.Module, decoder: ObservationModel, missing_model: MissingModel,
                  latent_dim: int, n_features: int, missing_factor: str = "sampled",
-                 unobserved_samples: int | None = None):
+                 unobserved_samples: int | None = None, row_offset: RowOffset | None = None):
         super().__init__()
         if missing_factor not in MISSING_FACTORS:
             raise ValueError(f"missing_factor must be one of {MISSING_FACTORS}, got {missing_factor!r}")
@@ -61,7 +63,10 @@ class NotMIWAE(nn.Module):
             raise ValueError(f"{type(missing_model).__name__} couples features, so x_m cannot be integrated out "
                              "feature by feature: use missing_factor='sampled'")
         _check_unobserved_samples(unobserved_samples, missing_model)
+        if row_offset is not None and missing_model.is_mcar:
+            raise ValueError("a row offset shifts the missing model's logits: the MCAR model has none")
         self.encoder, self.decoder, self.missing_model = encoder, decoder, missing_model
+        self.row_offset = row_offset
         self.latent_dim, self.n_features = latent_dim, n_features
         self.missing_factor = missing_factor
         self.unobserved_samples = unobserved_samples
@@ -70,7 +75,8 @@ class NotMIWAE(nn.Module):
         """Draw K samples per row and compute the bound's four log-terms exactly."""
         z, log_pz, log_qz = self._latent(batch, n_samples)
         params = self.decoder(z)
-        terms = BoundTerms(self.log_px_obs(batch, params), self.log_ps(batch, params), log_pz, log_qz)
+        log_ps = self.log_ps(batch, params, self._row_offset(z))
+        terms = BoundTerms(self.log_px_obs(batch, params), log_ps, log_pz, log_qz)
         return Samples(z, params, terms)
 
     def forward(self, batch: RowBatch, n_samples: int) -> torch.Tensor:
@@ -100,12 +106,13 @@ class NotMIWAE(nn.Module):
             observed = self.decoder.forward_entries(z, batch.obs_row, batch.obs_col)
             return self._log_px_entries(batch, observed), z.new_zeros(z.shape[:2])
         draw = draw_unobserved(batch, self.unobserved_samples)
+        offset = self._row_offset(z)
         params = self.decoder.forward_entries(z, torch.cat([batch.obs_row, draw.rows]),
                                               torch.cat([batch.obs_col, draw.cols]))
         n_observed = batch.obs_row.numel()
         observed = tuple(t[:n_observed] for t in params)
         unobserved = tuple(t[n_observed:] for t in params)
-        return self._log_px_entries(batch, observed), self._subsampled_log_ps(batch, draw, unobserved)
+        return self._log_px_entries(batch, observed), self._subsampled_log_ps(batch, draw, unobserved, offset)
 
     def _latent(self, batch: RowBatch, n_samples: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """z ~ q(z | x_o), K per row, with log p(z) and log q(z | x_o): (B, K, d), (B, K), (B, K)."""
@@ -121,6 +128,10 @@ class NotMIWAE(nn.Module):
         log_pz = -(0.5 * z ** 2 + _HALF_LOG_2PI).sum(-1)
         return z, log_pz, log_qz
 
+    def _row_offset(self, z: torch.Tensor) -> torch.Tensor | None:
+        """The rows' logit shifts a(z_k), (B, K), or None without a row offset."""
+        return None if self.row_offset is None else self.row_offset(z)
+
     def log_px_obs(self, batch: RowBatch, params: Params) -> torch.Tensor:
         """Σ_{j observed} log p(x_j | z_k), computed on the observed entries only: (B, K)."""
         observed = tuple(t[batch.obs_row, :, batch.obs_col] for t in params)  # (nnz, K, ...)
@@ -131,57 +142,71 @@ class NotMIWAE(nn.Module):
         per_entry = self.decoder.log_prob(observed, batch.obs_value[:, None])
         return per_entry.new_zeros(batch.n_rows, per_entry.shape[1]).index_add_(0, batch.obs_row, per_entry)
 
-    def log_ps(self, batch: RowBatch, params: Params) -> torch.Tensor:
-        """log p(s | x_o, x_m,k), or its integrated form: (B, K)."""
+    def log_ps(self, batch: RowBatch, params: Params, offset: torch.Tensor | None = None) -> torch.Tensor:
+        """log p(s | x_o, x_m,k), or its integrated form: (B, K). `offset`: the rows' logit shifts (B, K)."""
         model = self.missing_model
         if model.is_mcar:
             return params[0].new_zeros(params[0].shape[:2])
         mask = batch.mask[:, None]
         if self.missing_factor == "sampled":
             completed = torch.where(mask > 0, batch.values[:, None], self.decoder.rsample(params))
-            return model.log_prob(completed, mask)
-        log_p_missing = self.log_prob_missing(params)
-        return self._log_ps_observed(batch)[:, None] + ((1 - mask) * log_p_missing).sum(-1)
+            if offset is None:
+                return model.log_prob(completed, mask)
+            return bernoulli_log_prob(model.logits(completed) + offset[..., None], mask)
+        log_p_missing = self.log_prob_missing(params, offset=None if offset is None else offset[..., None])
+        return self._log_ps_observed(batch, offset) + ((1 - mask) * log_p_missing).sum(-1)
 
-    def _log_ps_observed(self, batch: RowBatch) -> torch.Tensor:
-        """Σ_{j observed} log Pr(s_j = 1 | x_j) for a per-feature missing model: (B,)."""
-        observed = F.logsigmoid(self.missing_model.feature_logits(batch.obs_value, batch.obs_col))
-        return observed.new_zeros(batch.n_rows).index_add_(0, batch.obs_row, observed)
+    def _log_ps_observed(self, batch: RowBatch, offset: torch.Tensor | None) -> torch.Tensor:
+        """Σ_{j observed} log Pr(s_j = 1 | x_j) for a per-feature missing model: (B, 1), or (B, K) with an offset."""
+        logits = self.missing_model.feature_logits(batch.obs_value, batch.obs_col)[:, None]
+        if offset is not None:
+            logits = logits + offset[batch.obs_row]
+        observed = F.logsigmoid(logits)
+        return observed.new_zeros(batch.n_rows, observed.shape[1]).index_add_(0, batch.obs_row, observed)
 
-    def _subsampled_log_ps(self, batch: RowBatch, draw: UnobservedDraw, unobserved: Params) -> torch.Tensor:
+    def _subsampled_log_ps(self, batch: RowBatch, draw: UnobservedDraw, unobserved: Params,
+                           offset: torch.Tensor | None) -> torch.Tensor:
         """Exact observed factors plus the weighted sum of the drawn unobserved ones: (B, K)."""
         features = draw.cols[:, None]
+        draw_offset = None if offset is None else offset[draw.rows]
         if self.missing_factor == "integrated":
-            per_draw = self.log_prob_missing(unobserved, features=features)
+            per_draw = self.log_prob_missing(unobserved, features=features, offset=draw_offset)
         else:
-            x = self.decoder.rsample(unobserved)
-            per_draw = F.logsigmoid(-self.missing_model.feature_logits(x, features))
+            logits = self.missing_model.feature_logits(self.decoder.rsample(unobserved), features)
+            per_draw = F.logsigmoid(-(logits if draw_offset is None else logits + draw_offset))
         missing = per_draw.new_zeros(batch.n_rows, per_draw.shape[1])
         missing.index_add_(0, draw.rows, per_draw * draw.weight[:, None])
-        return self._log_ps_observed(batch)[:, None] + missing
+        return self._log_ps_observed(batch, offset) + missing
 
-    def log_prob_missing(self, params: Params, features: torch.Tensor | None = None) -> torch.Tensor:
+    def log_prob_missing(self, params: Params, features: torch.Tensor | None = None,
+                         offset: torch.Tensor | None = None) -> torch.Tensor:
         """log Pr(s_j = 0 | z) = log E_{p(x_j|z)}[Pr(s_j = 0 | x_j)] per feature, by quadrature.
 
-        `features` gives the feature index of each entry of params (default: the last axis is all features).
+        `features` gives the feature index of each entry of params (default: the last axis is all features);
+        `offset`, broadcastable to the parameters' shape, shifts the logits (the row offset).
         """
         decoder, model = self.decoder, self.missing_model
         if features is None:
             features = torch.arange(self.n_features, device=params[0].device)
         if isinstance(decoder, GaussianDecoder) and model.affine:
             slope, intercept = model.feature_affine(features)
+            if offset is not None:
+                intercept = intercept + offset
             loc, scale = params
             return log_expected_sigmoid(slope * loc + intercept, slope.abs() * _compact(scale),
                                         decoder.quadrature_points)
         if isinstance(decoder, GaussianDecoder) and isinstance(model, LevelwiseLogistic):
             loc, scale = params
-            return log_expected_sigmoid_piecewise(loc, _compact(scale), model.level_logits(), model.bias[features],
+            intercept = model.bias[features] if offset is None else model.bias[features] + offset
+            return log_expected_sigmoid_piecewise(loc, _compact(scale), model.level_logits(), intercept,
                                                   model.lo, decoder.quadrature_points)
         nodes, log_w = decoder.quadrature(params)
         support = getattr(decoder, "support", None)
         if support is not None and features.dim() <= 1:
             nodes = support  # discrete nodes do not depend on z: score them once per (feature, level)
         logits = model.feature_logits(nodes, features[..., None])
+        if offset is not None:
+            logits = logits + offset[..., None]
         return torch.logsumexp(log_w + F.logsigmoid(-logits), dim=-1)
 
 

@@ -36,7 +36,9 @@ def test_variants_set_the_paper_choices():
 
     assert set(VARIANTS) == {"notmiwae-gaussian", "notmiwae-categorical", "miwae-gaussian", "miwae-categorical",
                              "notmiwae-gaussian-sampled", "notmiwae-gaussian-levelwise",
-                             "notmiwae-categorical-levelwise"}
+                             "notmiwae-categorical-levelwise", "notmiwae-gaussian-activity",
+                             "notmiwae-categorical-activity", "notmiwae-gaussian-levelwise-activity",
+                             "notmiwae-categorical-levelwise-activity"}
     gaussian = model_config("notmiwae-gaussian")
     assert (gaussian.decoder, gaussian.missing, gaussian.missing_sign, gaussian.missing_factor) == (
         "gaussian", "itemwise", 1, "integrated")
@@ -46,6 +48,10 @@ def test_variants_set_the_paper_choices():
     levelwise = model_config("notmiwae-categorical-levelwise")
     assert (levelwise.decoder, levelwise.missing, levelwise.missing_factor) == ("categorical", "levelwise", "integrated")
     assert model_config("notmiwae-gaussian-levelwise").missing == "levelwise"
+    assert not levelwise.row_offset
+    activity = model_config("notmiwae-categorical-levelwise-activity")
+    assert (activity.decoder, activity.missing, activity.row_offset) == ("categorical", "levelwise", True)
+    assert model_config("notmiwae-gaussian-activity").row_offset
     assert make_recommender("notmiwae-gaussian-levelwise", rating_scale=(0, 3)).config.model_config(10).levels == (0, 3)
     assert make_recommender("notmiwae-gaussian").config.importance.n_samples == 1_000
     assert make_recommender("notmiwae-gaussian", latent_dim=5).config.model_config(10).latent_dim == 5
