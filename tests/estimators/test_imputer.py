@@ -3,6 +3,7 @@
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 from sklearn.linear_model import LinearRegression
@@ -95,3 +96,22 @@ def test_bad_input(self_masked):
     fitted = NotMIWAEImputer(**TINY).fit(Xm)
     with pytest.raises(ValueError, match="X has 5 features"):
         fitted.transform(Xm[:, :5])
+
+
+def test_dense_layers_start_as_in_the_reference_code(self_masked):
+    """Glorot-uniform weights and zero biases (the paper's TF code); PyTorch's default init is rougher
+    and made the deep not-MIWAE overshoot on Banknote. The variance head still starts near variance 1."""
+    _, _, Xm = self_masked
+    # one step with a negligible learning rate leaves the parameters at their initial values
+    model = NotMIWAEImputer(iterations=1, lr=1e-12, importance_samples=20, random_state=0).fit(Xm).model_
+    layers = [m for m in (*model.encoder.modules(), *model.decoder.modules()) if isinstance(m, torch.nn.Linear)]
+    assert len(layers) == 7  # encoder: 2 hidden + head; decoder: 2 hidden + mean and variance heads
+    for layer in layers:
+        fan_out, fan_in = layer.weight.shape
+        limit = np.sqrt(6 / (fan_in + fan_out))
+        weight = layer.weight.detach().abs()
+        assert weight.max() <= limit + 1e-6 and weight.max() > 0.9 * limit
+        if layer is model.decoder.var_head:
+            assert torch.allclose(torch.nn.functional.softplus(layer.bias.detach()), torch.ones(fan_out), atol=1e-3)
+        else:
+            assert layer.bias.detach().abs().max() < 1e-6
