@@ -12,7 +12,9 @@ Generative model (all draws from one seeded ``np.random.default_rng``):
      log-normal count whose median and mean are solved from the config), drawn without replacement
      with weight ``popularity_i * propensity[r_ui]``; the per-rating propensity is solved so that the
      train rating shares match ``train_shares``. A user's items compete for a fixed budget, so whether
-     a cell is rated depends on the user's other ratings too.
+     a cell is rated depends on the user's other ratings too. While few of a user's items are taken,
+     this is close to a per-cell logistic draw with a per-user intercept (the log of the user's budget
+     over the total weight of the user's items), which a missing model with a row offset can express.
    - ``"independent"``: every cell is rated independently with
      ``logit Pr(rated) = intercept + log popularity_i + log propensity[r_ui]``, the intercept and the
      propensity solved so that the expected number of ratings is ``sum_u n_u`` and the expected train

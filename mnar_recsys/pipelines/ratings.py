@@ -34,7 +34,8 @@ from mnar_recsys.training.distributed import BACKENDS
 from mnar_recsys.training.trainer import TrainConfig
 
 DATASETS = ("synthetic", "coat", "yahoo")
-DEFAULT_MODELS = ("notmiwae-gaussian", "notmiwae-categorical", "miwae-gaussian", "mf", "pmf", "mf-ips")
+DEFAULT_MODELS = ("notmiwae-gaussian", "notmiwae-categorical", "notmiwae-categorical-activity", "miwae-gaussian", "mf",
+                  "pmf", "mf-ips")
 UNSEEDED = frozenset({"constant-2", "train-mean"})  # deterministic baselines: no seed argument
 ESTIMATOR_MODEL = "notmiwae-gaussian"  # the model the --estimator-k study re-imputes
 # Smaller than Yahoo! R3 (15,400 x 1,000) so that the default synthetic run is feasible on a CPU.
