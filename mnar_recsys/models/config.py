@@ -11,6 +11,7 @@ from mnar_recsys.models.notmiwae import NotMIWAE
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh}
 ENCODERS = ("mlp", "set", "conv")
+INITS = ("torch", "glorot")
 DECODERS = ("gaussian", "linear", "categorical", "bernoulli", "student-t", "conv-gaussian")
 MISSING_MODELS = ("mcar", "self-masking", "self-masking-known", "itemwise", "levelwise", "agnostic", "nonlinear",
                   "fixed-logistic")
@@ -35,6 +36,8 @@ class ModelConfig:
         draws of unobserved items per row (large catalogues; see `NotMIWAE`; inference stays exact).
     row_offset: add a per-row shift w · z to the missing model's logits (users' activity; see
         `missing.RowOffset`).
+    init: 'torch' (PyTorch's default) or 'glorot' (Glorot-uniform weights and zero biases in the encoder's
+        and decoder's dense layers, as in the paper's Keras code; see `glorot_init`).
     """
 
     n_features: int
@@ -61,10 +64,11 @@ class ModelConfig:
     missing_factor: str = "integrated"
     unobserved_samples: int | None = None
     row_offset: bool = False
+    init: str = "torch"
 
     def __post_init__(self) -> None:
         for name, allowed in (("encoder", ENCODERS), ("decoder", DECODERS), ("missing", MISSING_MODELS),
-                              ("activation", tuple(ACTIVATIONS))):
+                              ("activation", tuple(ACTIVATIONS)), ("init", INITS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.n_features < 1 or self.latent_dim < 1:
@@ -127,8 +131,27 @@ def build_missing_model(cfg: ModelConfig) -> missing.MissingModel:
     return missing.FixedLogistic(cfg.fixed_weight, cfg.fixed_offset)
 
 
+def glorot_init(model: NotMIWAE) -> NotMIWAE:
+    """Glorot-uniform weights and zero biases in every dense layer of encoder and decoder, in place.
+
+    This is the initialisation of the paper's (Keras / TF1) reference code. PyTorch's default draws
+    first-layer weights about 2.5 times wider for 3-8 inputs and random biases; on MNAR tables that
+    rougher tanh net extrapolates far past the missingness threshold (Banknote: imputation RMSE
+    1.14-1.23 instead of 0.65-0.72 after 20k iterations, the overshoot in the feature that the observed
+    ones predict best). The variance head keeps its bias, so every variance still starts near 1.
+    """
+    variance_head = getattr(model.decoder, "var_head", None)
+    for module in (*model.encoder.modules(), *model.decoder.modules()):
+        if isinstance(module, nn.Linear):
+            nn.init.xavier_uniform_(module.weight)
+            if module is not variance_head:
+                nn.init.zeros_(module.bias)
+    return model
+
+
 def build_model(cfg: ModelConfig) -> NotMIWAE:
     """The model a config describes, freshly initialised (seed torch first for reproducibility)."""
     row_offset = missing.RowOffset(cfg.latent_dim) if cfg.row_offset else None
-    return NotMIWAE(build_encoder(cfg), build_decoder(cfg), build_missing_model(cfg), cfg.latent_dim,
-                    cfg.n_features, cfg.missing_factor, cfg.unobserved_samples, row_offset)
+    model = NotMIWAE(build_encoder(cfg), build_decoder(cfg), build_missing_model(cfg), cfg.latent_dim,
+                     cfg.n_features, cfg.missing_factor, cfg.unobserved_samples, row_offset)
+    return glorot_init(model) if cfg.init == "glorot" else model

@@ -12,6 +12,7 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from mnar_recsys.data.amputation import apply_mask, paper_self_masking, standardize
 from mnar_recsys.estimators.imputer import NotMIWAEImputer
+from mnar_recsys.models.config import ModelConfig
 
 TINY = dict(iterations=3, hidden=8, importance_samples=20, random_state=0)
 SHORT = dict(iterations=150, hidden=32, importance_samples=200, random_state=0)
@@ -102,6 +103,9 @@ def test_dense_layers_start_as_in_the_reference_code(self_masked):
     """Glorot-uniform weights and zero biases (the paper's TF code); PyTorch's default init is rougher
     and made the deep not-MIWAE overshoot on Banknote. The variance head still starts near variance 1."""
     _, _, Xm = self_masked
+    assert NotMIWAEImputer().model_config(4).init == "glorot"
+    with pytest.raises(ValueError, match="init must be one of"):
+        ModelConfig(n_features=4, init="xavier")
     # one step with a negligible learning rate leaves the parameters at their initial values
     model = NotMIWAEImputer(iterations=1, lr=1e-12, importance_samples=20, random_state=0).fit(Xm).model_
     layers = [m for m in (*model.encoder.modules(), *model.decoder.modules()) if isinstance(m, torch.nn.Linear)]

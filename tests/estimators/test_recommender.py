@@ -89,22 +89,28 @@ def test_oracle_predicts_the_expected_ratings(small_ratings):
     np.testing.assert_array_equal(oracle.predict(users, items), small_ratings.meta["oracle"][users, items])
 
 
+def mcar_mse(data, seed: int, variant: str, train: TrainConfig) -> dict[str, float]:
+    """MCAR MSE of the not-MIWAE `variant`, the MIWAE (both trained by `train`, K_pred 200), MF and the oracle."""
+    split = mcar_split(data, seed)
+    importance = ImportanceConfig(n_samples=200)
+
+    def score(model) -> float:
+        return fit_and_score(model, split)[0]["mse"]
+
+    return {"notmiwae": score(make_recommender(variant, seed=seed, train=train, importance=importance)),
+            "miwae": score(make_recommender("miwae-gaussian", seed=seed, train=train, importance=importance)),
+            "mf": score(make_baseline("mf", seed=seed)),
+            "oracle": score(OracleRecommender(data.meta["oracle"]))}
+
+
 @pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow)])
 def test_notmiwae_beats_miwae_and_mf_on_simulated_mnar_ratings(seed):
     """Measured MCAR MSE (1,000 users x 100 items, 400 iterations, K_pred 200), seeds 0 / 1 / 2:
     oracle 0.425 / 0.400 / 0.414, not-MIWAE 0.978 / 0.928 / 0.898, MF 1.242 / 1.148 / 1.232,
     MIWAE 1.613 / 1.558 / 1.537. Seed 1 is marked slow to keep the default run short."""
     data = simulate_ratings(SimulatorConfig(n_users=1_000, n_items=100, n_test_users=333, seed=seed))
-    split = mcar_split(data, seed)
-    train, importance = TrainConfig(iterations=400, progress=False), ImportanceConfig(n_samples=200)
-
-    def score(model) -> float:
-        return fit_and_score(model, split)[0]["mse"]
-
-    notmiwae = score(make_recommender("notmiwae-gaussian", seed=seed, train=train, importance=importance))
-    miwae = score(make_recommender("miwae-gaussian", seed=seed, train=train, importance=importance))
-    mf = score(make_baseline("mf", seed=seed))
-    oracle = score(OracleRecommender(data.meta["oracle"]))
+    mse = mcar_mse(data, seed, "notmiwae-gaussian", TrainConfig(iterations=400, progress=False))
+    notmiwae, miwae, mf, oracle = mse["notmiwae"], mse["miwae"], mse["mf"], mse["oracle"]
     assert notmiwae < mf - 0.15
     assert notmiwae < miwae - 0.4
     assert notmiwae < oracle + 0.6  # the part of the MNAR bias left after 400 steps
@@ -122,17 +128,8 @@ def test_levelwise_notmiwae_nears_the_oracle_when_cells_are_selected_independent
     data = simulate_ratings(SimulatorConfig(n_users=1_000, n_items=100, n_test_users=333, min_ratings_per_user=5,
                                             median_ratings_per_user=7.5, mean_ratings_per_user=10.1,
                                             selection="independent", seed=seed))
-    split = mcar_split(data, seed)
-    train, importance = TrainConfig(iterations=400, lr=1e-2, progress=False), ImportanceConfig(n_samples=200)
-
-    def score(model) -> float:
-        return fit_and_score(model, split)[0]["mse"]
-
-    levelwise = score(make_recommender("notmiwae-categorical-levelwise", seed=seed, train=train,
-                                       importance=importance))
-    miwae = score(make_recommender("miwae-gaussian", seed=seed, train=train, importance=importance))
-    mf = score(make_baseline("mf", seed=seed))
-    oracle = score(OracleRecommender(data.meta["oracle"]))
+    mse = mcar_mse(data, seed, "notmiwae-categorical-levelwise", TrainConfig(iterations=400, lr=1e-2, progress=False))
+    levelwise, miwae, mf, oracle = mse["notmiwae"], mse["miwae"], mse["mf"], mse["oracle"]
     assert levelwise < mf - 0.4
     assert levelwise < miwae - 0.5
     assert levelwise < oracle + 0.4
@@ -146,16 +143,8 @@ def test_the_activity_term_brings_notmiwae_near_the_oracle_under_the_default_rac
     uses 5% of the MCAR test) 0.848 / 0.730, MIWAE 1.32 (seed 1), MF 1.242 / 1.148, oracle 0.425 / 0.400."""
     seed = 0
     data = simulate_ratings(SimulatorConfig(n_users=1_000, n_items=100, n_test_users=333, seed=seed))
-    split = mcar_split(data, seed)
-    train, importance = TrainConfig(iterations=1_500, lr=3e-3, progress=False), ImportanceConfig(n_samples=200)
-
-    def score(model) -> float:
-        return fit_and_score(model, split)[0]["mse"]
-
-    activity = score(make_recommender("notmiwae-categorical-activity", seed=seed, train=train, importance=importance))
-    miwae = score(make_recommender("miwae-gaussian", seed=seed, train=train, importance=importance))
-    mf = score(make_baseline("mf", seed=seed))
-    oracle = score(OracleRecommender(data.meta["oracle"]))
+    mse = mcar_mse(data, seed, "notmiwae-categorical-activity", TrainConfig(iterations=1_500, lr=3e-3, progress=False))
+    activity, miwae, mf, oracle = mse["notmiwae"], mse["miwae"], mse["mf"], mse["oracle"]
     assert activity < mf - 0.4
     assert activity < miwae - 0.5
     assert activity < oracle + 0.35

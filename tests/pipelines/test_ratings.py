@@ -73,12 +73,16 @@ def test_notmiwae_beats_miwae_and_mf_on_coat():
     assert mse["notmiwae-gaussian"] < mse["mf"] - 0.05
 
 
+def small_run(out: Path, *options: str) -> int:
+    """`mnar-recsys ratings` on 300 x 60 synthetic ratings, seed 0, K_pred 20, with `options` added."""
+    return main(["ratings", "--users", "300", "--items", "60", "--importance-samples", "20", "--seeds", "0",
+                 *options, "--out", str(out), "--no-progress"])
+
+
 def test_cli_validation_fraction_records_the_kept_iteration(tmp_path):
     """--validation-fraction holds out train users, checks their bound and records the iteration kept."""
     out = tmp_path / "run"
-    code = main(["ratings", "--users", "300", "--items", "60", "--iterations", "500", "--importance-samples", "20",
-                 "--seeds", "0", "--models", "notmiwae-gaussian,mf", "--validation-fraction", "0.2",
-                 "--out", str(out), "--no-progress"])
+    code = small_run(out, "--iterations", "500", "--models", "notmiwae-gaussian,mf", "--validation-fraction", "0.2")
     assert code == 0
     records = {r["model"]: r for r in json.loads((out / "results.json").read_text())["records"]}
     assert records["notmiwae-gaussian"]["best_iteration"] in (250, 500)
@@ -106,9 +110,7 @@ def test_ratings_runs_data_parallel_under_torchrun(tmp_path):
 def test_cli_unobserved_samples_is_recorded(tmp_path):
     """--unobserved-samples reaches the not-MIWAE's ModelConfig and the results config; 0 is refused."""
     out = tmp_path / "run"
-    code = main(["ratings", "--users", "300", "--items", "60", "--iterations", "20", "--importance-samples", "20",
-                 "--seeds", "0", "--models", "notmiwae-gaussian", "--unobserved-samples", "7",
-                 "--out", str(out), "--no-progress"])
+    code = small_run(out, "--iterations", "20", "--models", "notmiwae-gaussian", "--unobserved-samples", "7")
     assert code == 0
     record = json.loads((out / "results.json").read_text())["records"][0]
     assert record["config"]["run"]["unobserved_samples"] == 7
