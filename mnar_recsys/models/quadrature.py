@@ -16,22 +16,24 @@ slope 50) sample x_m instead (missing_factor='sampled').
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import numpy as np
 import torch
 
 
-def gauss_hermite(n_points: int) -> tuple[list[float], list[float]]:
+@lru_cache(maxsize=None)  # an eigenproblem per call otherwise, and it is asked for every training step
+def gauss_hermite(n_points: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Nodes t_h and weights ω_h with E_{ε~N(0,1)}[f(ε)] ≈ Σ_h ω_h f(t_h)."""
     if n_points < 1:
         raise ValueError(f"quadrature needs at least one point, got {n_points}")
     nodes, weights = np.polynomial.hermite.hermgauss(n_points)
-    return (nodes * math.sqrt(2.0)).tolist(), (weights / math.sqrt(math.pi)).tolist()
+    return tuple((nodes * math.sqrt(2.0)).tolist()), tuple((weights / math.sqrt(math.pi)).tolist())
 
 
 class _LogExpectedSigmoid(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, mean: torch.Tensor, sd: torch.Tensor, nodes: list[float], weights: list[float]):
+    def forward(ctx, mean: torch.Tensor, sd: torch.Tensor, nodes: tuple[float, ...], weights: tuple[float, ...]):
         neg_mean = -mean
         total = torch.zeros(torch.broadcast_shapes(mean.shape, sd.shape), dtype=mean.dtype, device=mean.device)
         sig = torch.empty_like(total)
@@ -83,7 +85,7 @@ class _LogExpectedSigmoidPiecewise(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, mean: torch.Tensor, sd: torch.Tensor, knot_logits: torch.Tensor, intercept: torch.Tensor,
-                lo: float, nodes: list[float], weights: list[float]):
+                lo: float, nodes: tuple[float, ...], weights: tuple[float, ...]):
         shape = torch.broadcast_shapes(mean.shape, sd.shape, intercept.shape)
         last = knot_logits.numel() - 1
         slopes = knot_logits.diff()
