@@ -13,9 +13,10 @@ from torch import nn
 from mnar_recsys.data.rows import RowBatch
 from mnar_recsys.devices import cpu_normal
 from mnar_recsys.models.bound import BoundTerms, importance_weighted_bound
-from mnar_recsys.models.decoders import GaussianDecoder, ObservationModel, Params
+from mnar_recsys.models.decoders import CategoricalDecoder, GaussianDecoder, ObservationModel, Params
 from mnar_recsys.models.missing import LevelwiseLogistic, MissingModel, RowOffset, bernoulli_log_prob
-from mnar_recsys.models.quadrature import log_expected_sigmoid, log_expected_sigmoid_piecewise
+from mnar_recsys.models.quadrature import (log_expected_sigmoid, log_expected_sigmoid_categorical,
+                                           log_expected_sigmoid_piecewise)
 from mnar_recsys.models.unobserved import UnobservedDraw, draw_unobserved
 
 MISSING_FACTORS = ("sampled", "integrated")
@@ -200,6 +201,9 @@ class NotMIWAE(nn.Module):
             intercept = model.bias[features] if offset is None else model.bias[features] + offset
             return log_expected_sigmoid_piecewise(loc, _compact(scale), model.level_logits(), intercept,
                                                   model.lo, decoder.quadrature_points)
+        if isinstance(decoder, CategoricalDecoder):
+            selection = model.feature_logits(decoder.support, features[..., None])
+            return log_expected_sigmoid_categorical(params[0], selection, offset)
         nodes, log_w = decoder.quadrature(params)
         support = getattr(decoder, "support", None)
         if support is not None and features.dim() <= 1:

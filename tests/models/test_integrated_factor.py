@@ -3,12 +3,14 @@
 import math
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 from scipy.special import ndtri
 
 from mnar_recsys.data.rows import as_rows
 from mnar_recsys.models.config import ModelConfig, build_model
+from mnar_recsys.models.quadrature import log_expected_sigmoid_categorical
 
 
 def self_masking_model(decoder: str, n_features: int = 6, slopes: tuple[float, float] = (-1.5, 1.5)):
@@ -47,6 +49,36 @@ def test_categorical_integrated_factor_is_the_exact_sum_over_levels():
             else:
                 expected[b] -= math.log1p(math.exp(-(weight[j] * value + bias[j])))
     np.testing.assert_allclose(integrated, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shapes", [
+    ((2, 3, 4, 5), (4, 5), (2, 3, 1)),  # every item of a batch, with a row offset per (row, sample)
+    ((2, 3, 4, 5), (4, 5), None),  # no row offset
+    ((6, 3, 5), (6, 1, 5), (6, 3)),  # drawn entries (the subsampled term), offset per entry and sample
+])
+def test_categorical_kernel_is_the_softmax_weighted_sum_in_value_and_gradient(shapes):
+    """The looped categorical kernel equals log Σ_c softmax(l)_c σ(-(s_c + a)) written with logsumexp, and
+    its hand-written gradient passes gradcheck in float64, for the shapes the model feeds it."""
+    logits_shape, selection_shape, offset_shape = shapes
+    generator = torch.Generator().manual_seed(0)
+    logits = (2 * torch.randn(logits_shape, generator=generator, dtype=torch.float64)).requires_grad_()
+    selection = (3 * torch.randn(selection_shape, generator=generator, dtype=torch.float64)).requires_grad_()
+    offset = None if offset_shape is None else torch.randn(offset_shape, generator=generator,
+                                                           dtype=torch.float64).requires_grad_()
+    shifted = selection if offset is None else selection + offset[..., None]
+    reference = torch.logsumexp(F.log_softmax(logits, -1) + F.logsigmoid(-shifted), -1)
+    torch.testing.assert_close(log_expected_sigmoid_categorical(logits, selection, offset), reference)
+    inputs = (logits, selection) + (() if offset is None else (offset,))
+    assert torch.autograd.gradcheck(lambda *a: log_expected_sigmoid_categorical(*a), inputs)
+
+
+def test_categorical_kernel_keeps_precision_when_almost_every_level_is_observed():
+    """With selection logits near +30 a missing entry has probability ~1e-13: the kernel must not lose it
+    to cancellation (it sums Pr(missing) directly rather than 1 - Pr(observed))."""
+    logits = torch.zeros(1, 5, dtype=torch.float32)
+    selection = torch.full((1, 5), 30.0)
+    value = log_expected_sigmoid_categorical(logits, selection)
+    assert abs(value.item() - (-30.0)) < 1e-4
 
 
 def test_gaussian_quadrature_matches_monte_carlo():
