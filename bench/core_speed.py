@@ -3,7 +3,9 @@
 Prints, each measured in its own process (so peak memory is its own):
   1. seconds per 1,000 training iterations (15,400 x 1,000 sparse rows, ~20 observed per row, batch 100,
      K = 20, latent 30, embedding 20, code 50), with sampled and with integrated x_m, and with integrated
-     x_m and the missing term estimated from --unobserved-samples unobserved items per row;
+     x_m and the missing term estimated from --unobserved-samples unobserved items per row; and for the
+     categorical decoder with the row offset (`notmiwae-categorical-activity`), whose exact sum over the
+     levels is timed against the same sum written with PyTorch's log_softmax and logsumexp;
   2. the imputation of 5,400 rows x 10 held-out items with K = 10,000 (integrated x_m); by default on
      --impute-rows rows and scaled linearly to 5,400 (the work is per row), --impute-rows 5400 for all;
   3. the set encoder's sparse segment-sum path against a dense masked one, and a training step from CSR
@@ -21,11 +23,13 @@ import time
 import numpy as np
 import scipy.sparse as sp
 import torch
+import torch.nn.functional as F
 
 from isolation import isolated, peak_rss_mib  # bench/, on the path when this script runs
 from mnar_recsys.data.rows import as_rows
 from mnar_recsys.inference.importance import ImportanceConfig, impute
 from mnar_recsys.models.config import ModelConfig, build_model
+from mnar_recsys.models.quadrature import log_expected_sigmoid_categorical
 from mnar_recsys.training.trainer import TrainConfig, fit
 
 USERS, ITEMS, PER_ROW, TEST_USERS, TEST_ITEMS = 15_400, 1_000, 20, 5_400, 10
@@ -38,10 +42,11 @@ def yahoo_shaped(n_rows: int, n_items: int, per_row: int, seed: int = 0) -> sp.c
     return sp.csr_matrix((rng.integers(1, 6, rows.size).astype(np.float32), (rows, cols)), shape=(n_rows, n_items))
 
 
-def train_seconds(missing_factor: str, iterations: int, unobserved_samples: int | None = None) -> dict:
+def train_seconds(missing_factor: str, iterations: int, unobserved_samples: int | None = None,
+                  decoder: str = "gaussian", row_offset: bool = False) -> dict:
     data = yahoo_shaped(USERS, ITEMS, PER_ROW)
-    model = build_model(ModelConfig(n_features=ITEMS, missing_factor=missing_factor,
-                                    unobserved_samples=unobserved_samples))
+    model = build_model(ModelConfig(n_features=ITEMS, missing_factor=missing_factor, decoder=decoder,
+                                    unobserved_samples=unobserved_samples, row_offset=row_offset))
     start = time.perf_counter()
     fit(model, data, TrainConfig(iterations=iterations, progress=False))
     seconds = time.perf_counter() - start
@@ -73,6 +78,23 @@ def _time(step, repeats: int) -> float:
     for _ in range(repeats):
         step()
     return (time.perf_counter() - start) / repeats
+
+
+def categorical_sum_seconds(repeats: int = 5) -> dict:
+    """Forward and backward of log Σ_c π_c σ(-(s_c + a)) over a batch's (100 x 20 x 1,000 x 5) levels."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(100, 20, ITEMS, 5, generator=generator).requires_grad_()
+    selection = torch.randn(ITEMS, 5, generator=generator).requires_grad_()
+    offset = torch.randn(100, 20, 1, generator=generator).requires_grad_()
+
+    def kernel():
+        log_expected_sigmoid_categorical(logits, selection, offset).sum().backward()
+
+    def reference():
+        log_pi = F.log_softmax(logits, -1)
+        torch.logsumexp(log_pi + F.logsigmoid(-(selection + offset[..., None])), -1).sum().backward()
+
+    return {"kernel": _time(kernel, repeats), "reference": _time(reference, repeats)}
 
 
 def sparse_vs_dense(n_items: int, repeats: int = 20) -> dict:
@@ -111,6 +133,12 @@ def main() -> None:
         term = "exact missing term" if m is None else f"missing term from {m} unobserved items per row"
         print(f"training, {factor:10s} x_m, {term}: {r['per_1000']:7.1f} s per 1,000 iterations "
               f"(target 10; ratio {r['per_1000'] / 10:.1f}x), peak {r['peak_mib']:.0f} MiB")
+    r = isolated(train_seconds, "integrated", args.iterations, None, "categorical", True)
+    print(f"training, categorical decoder with row offset, integrated x_m: {r['per_1000']:7.1f} s per 1,000 "
+          f"iterations, peak {r['peak_mib']:.0f} MiB")
+    r = isolated(categorical_sum_seconds)
+    print(f"  its exact sum over levels, forward and backward: {r['kernel'] * 1e3:.0f} ms looped kernel vs "
+          f"{r['reference'] * 1e3:.0f} ms with log_softmax / logsumexp (ratio {r['reference'] / r['kernel']:.1f}x)")
     r = isolated(impute_seconds, args.impute_rows, args.importance_samples)
     scaled = r["seconds"] * TEST_USERS / args.impute_rows
     print(f"imputation, K = {args.importance_samples}: {r['seconds']:.1f} s for {args.impute_rows} rows -> "

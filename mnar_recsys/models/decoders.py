@@ -227,8 +227,10 @@ class CategoricalDecoder(ObservationModel):
         return (x - self.lo).round().long().clamp(0, self.n_levels - 1)
 
     def log_prob(self, params: Params, x: torch.Tensor) -> torch.Tensor:
-        log_pi = F.log_softmax(params[0], dim=-1)
-        return log_pi.gather(-1, self._index(x).expand(log_pi.shape[:-1])[..., None])[..., 0]
+        logits = params[0]
+        # picking the level before normalising: log_softmax over a short last axis is slow on CPUs
+        picked = logits.gather(-1, self._index(x).expand(logits.shape[:-1])[..., None])[..., 0]
+        return picked - torch.logsumexp(logits, dim=-1)
 
     def rsample(self, params: Params) -> torch.Tensor:
         y = F.gumbel_softmax(params[0], tau=self.temperature, dim=-1)
