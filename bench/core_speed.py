@@ -2,8 +2,10 @@
 
 Prints, each measured in its own process (so peak memory is its own):
   1. seconds per 1,000 training iterations (15,400 x 1,000 sparse rows, ~20 observed per row, batch 100,
-     K = 20, latent 30, embedding 20, code 50), with sampled and with integrated x_m, and with integrated
-     x_m and the missing term estimated from --unobserved-samples unobserved items per row; and for the
+     K = 20, latent 30, embedding 20, code 50), with sampled and with integrated x_m (the latter also
+     with glibc's default allocator settings, which the command line changes: `mnar_recsys.allocator`),
+     with integrated x_m and the missing term estimated from --unobserved-samples unobserved items per
+     row; and for the
      categorical decoder with the row offset (`notmiwae-categorical-activity`), whose exact sum over the
      levels is timed against the same sum written with PyTorch's log_softmax and logsumexp;
   2. the imputation of 5,400 rows x 10 held-out items with K = 10,000 (integrated x_m); by default on
@@ -133,6 +135,10 @@ def main() -> None:
         term = "exact missing term" if m is None else f"missing term from {m} unobserved items per row"
         print(f"training, {factor:10s} x_m, {term}: {r['per_1000']:7.1f} s per 1,000 iterations "
               f"(target 10; ratio {r['per_1000'] / 10:.1f}x), peak {r['peak_mib']:.0f} MiB")
+        if factor == "integrated" and m is None:
+            untuned = isolated(train_seconds, factor, args.iterations, m, keep_memory=False)
+            print(f"  the same with glibc's default allocator settings: {untuned['per_1000']:7.1f} s "
+                  f"(ratio {untuned['per_1000'] / r['per_1000']:.2f}x), peak {untuned['peak_mib']:.0f} MiB")
     r = isolated(train_seconds, "integrated", args.iterations, None, "categorical", True)
     print(f"training, categorical decoder with row offset, integrated x_m: {r['per_1000']:7.1f} s per 1,000 "
           f"iterations, peak {r['peak_mib']:.0f} MiB")

@@ -6,6 +6,8 @@ import argparse
 import importlib
 import sys
 
+from mnar_recsys.allocator import keep_freed_memory
+
 # each module defines register(subparsers) which adds a parser whose `run` default takes the args
 PIPELINES = ("mnar_recsys.pipelines.demo", "mnar_recsys.pipelines.ratings", "mnar_recsys.pipelines.uci",
              "mnar_recsys.pipelines.svhn", "mnar_recsys.pipelines.convert")
@@ -21,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    keep_freed_memory()
     try:
         return int(args.run(args) or 0)
     except (ValueError, FileNotFoundError, FileExistsError) as error:
