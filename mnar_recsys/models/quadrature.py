@@ -162,8 +162,11 @@ class _LogExpectedSigmoidCategorical(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, level_logits: torch.Tensor, selection: torch.Tensor, offset: torch.Tensor | None):
-        shape = torch.broadcast_shapes(level_logits.shape[:-1], selection.shape[:-1],
-                                       *(() if offset is None else (offset.shape,)))
+        shape = level_logits.shape[:-1]
+        if torch.broadcast_shapes(shape, selection.shape[:-1], *(() if offset is None else (offset.shape,))) != shape:
+            raise ValueError(f"the level logits {tuple(level_logits.shape)} must have the full shape: selection "
+                             f"{tuple(selection.shape)} and offset {None if offset is None else tuple(offset.shape)} "
+                             "may only broadcast against them")
         top = level_logits.amax(-1)
         scaled_sum = level_logits.new_zeros(shape)
         tilted_sum = level_logits.new_zeros(shape)
@@ -211,7 +214,8 @@ def log_expected_sigmoid_categorical(level_logits: torch.Tensor, selection: torc
                                      offset: torch.Tensor | None = None) -> torch.Tensor:
     """log E[sigmoid(-(s_x + offset))] over x ~ Categorical(softmax(level_logits)), exactly.
 
-    level_logits (..., p, C); selection (..., p, C), the missing model's logit at each level, broadcast
-    against them; offset, broadcast against (..., p), shifts every level's logit (the row offset).
+    level_logits (..., p, C); selection (..., p, C), the missing model's logit at each level, and offset,
+    which shifts every level's logit (the row offset), broadcast against the level logits without
+    enlarging them.
     """
     return _LogExpectedSigmoidCategorical.apply(level_logits, selection, offset)

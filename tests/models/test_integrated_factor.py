@@ -72,6 +72,11 @@ def test_categorical_kernel_is_the_softmax_weighted_sum_in_value_and_gradient(sh
     assert torch.autograd.gradcheck(lambda *a: log_expected_sigmoid_categorical(*a), inputs)
 
 
+def test_categorical_kernel_refuses_level_logits_smaller_than_the_selection():
+    with pytest.raises(ValueError, match="full shape"):
+        log_expected_sigmoid_categorical(torch.zeros(4, 5), torch.zeros(4, 5), torch.zeros(3, 1))
+
+
 def test_categorical_kernel_keeps_precision_when_almost_every_level_is_observed():
     """With selection logits near +30 a missing entry has probability ~1e-13: the kernel must not lose it
     to cancellation (it sums Pr(missing) directly rather than 1 - Pr(observed))."""
