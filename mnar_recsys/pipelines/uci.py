@@ -9,12 +9,15 @@ models also the accuracy of the learnt missing model's mask predictions on the c
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from baselines.dense_imputers import DENSE_IMPUTERS, make_dense_imputer
 from mnar_recsys.pipelines.arguments import add_config_options, config_from_options
@@ -134,26 +137,50 @@ def results_markdown(records: list[dict[str, Any]], config: UCIConfig) -> str:
 
 
 def run_uci(datasets: list[str], models: list[str], config: UCIConfig, out: Path,
-            data_dir: str | None = None) -> list[dict[str, Any]]:
-    """Run every (data set, model, run), rewriting results.json after each so a long run can be followed."""
+            data_dir: str | None = None, jobs: int = 1) -> list[dict[str, Any]]:
+    """Run every (data set, model, run), rewriting results.json after each so a long run can be followed.
+
+    With `jobs` > 1 the runs go to that many worker processes of one thread each (a run of 16-row
+    batches gains little from a second thread, and much from a second core). A run's seeds do not depend
+    on where it runs; its numbers may still differ from a one-process run in the last bits of rounding.
+    """
     unknown = sorted(set(models) - set(MODELS))
     if unknown:
         raise ValueError(f"unknown model(s) {unknown}; choose from {', '.join(MODELS)}")
     if config.runs < 1:
         raise ValueError(f"runs must be at least 1, got {config.runs}")
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1, got {jobs}")
     data = {name: masked_dataset(load_uci(name, data_dir), config.offset) for name in datasets}  # fail early
     meta = {"provenance": provenance(), "protocol": asdict(config), "data_dir": data_dir}
+    tasks = [(name, model, run) for name in data for model in models for run in range(config.runs)]
+    order = {task: position for position, task in enumerate(tasks)}
     records: list[dict[str, Any]] = []
-    for name, (complete, mask, masked) in data.items():
-        for model in models:
-            for run in range(config.runs):
-                records.append(run_one(name, model, complete, mask, masked, run, config))
-                last = records[-1]
-                print(f"{name:9s} {model:34s} run {run}: RMSE {last['rmse']:.3f} ({last['seconds']:.0f} s)",
-                      flush=True)
-                write_json(out / "results.json", {**meta, "records": records})
+    for record in _run_tasks(tasks, data, config, jobs):
+        records.append(record)
+        print(f"{record['dataset']:9s} {record['model']:34s} run {record['run']}: RMSE {record['rmse']:.3f} "
+              f"({record['seconds']:.0f} s)", flush=True)
+        records.sort(key=lambda r: order[r["dataset"], r["model"], r["run"]])
+        write_json(out / "results.json", {**meta, "records": records})
     write_atomic(out / "results.md", results_markdown(records, config))
     return records
+
+
+def _run_tasks(tasks: list[tuple[str, str, int]], data: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
+               config: UCIConfig, jobs: int):
+    """Yield the tasks' records: in order in this process, or as they finish in `jobs` workers."""
+    if jobs == 1:
+        for name, model, run in tasks:
+            yield run_one(name, model, *data[name], run, config)
+        return
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=torch.set_num_threads, initargs=(1,))
+    try:
+        futures = [pool.submit(run_one, name, model, *data[name], run, config) for name, model, run in tasks]
+        for future in as_completed(futures):
+            yield future.result()
+    finally:  # after a failure, start no more runs
+        pool.shutdown(cancel_futures=True)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -165,6 +192,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="folder with the UCI files (default: $MNAR_RECSYS_UCI_DIR; Breast falls back to "
                              "scikit-learn's copy)")
     parser.add_argument("--out", type=Path, default=Path("results/uci"))
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="worker processes, one thread each, that share the runs out (default 1: all here)")
     add_config_options(parser, UCIConfig)
     parser.set_defaults(run=_run)
 
@@ -172,7 +201,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     config = config_from_options(args, UCIConfig)
     datasets = list(UCI_DATASETS) if args.dataset == "all" else [args.dataset]
-    records = run_uci(datasets, args.models, config, args.out, args.data_dir)
+    records = run_uci(datasets, args.models, config, args.out, args.data_dir, jobs=args.jobs)
     print(results_markdown(records, config))
     print(f"wrote {args.out / 'results.json'} and {args.out / 'results.md'}")
     return 0

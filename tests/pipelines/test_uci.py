@@ -36,6 +36,24 @@ def test_breast_cli_writes_results(tmp_path, monkeypatch):
     assert "| notmiwae-self-masking-known |" in text and "0.76" in text and "Mask accuracy" in text
 
 
+def test_worker_processes_give_the_records_of_a_one_process_run(tmp_path, monkeypatch):
+    """--jobs 2 shares the runs out to spawned workers: the same records, in the same order, as --jobs 1."""
+    monkeypatch.delenv("MNAR_RECSYS_UCI_DIR", raising=False)
+    arguments = ["uci", "--dataset", "breast", "--models", "notmiwae-ppca-self-masking-known", "mean", "--runs", "2",
+                 "--iterations", "20", "--importance-samples", "10"]
+    assert main([*arguments, "--out", str(tmp_path / "one")]) == 0
+    assert main([*arguments, "--jobs", "2", "--out", str(tmp_path / "two")]) == 0
+    one, two = _records(tmp_path / "one"), _records(tmp_path / "two")
+    assert [(r["model"], r["run"]) for r in two] == [(r["model"], r["run"]) for r in one]
+    assert [r["rmse"] for r in two] == pytest.approx([r["rmse"] for r in one], rel=1e-5)
+    assert one[0]["rmse"] != one[1]["rmse"]  # the runs differ by seed, so the comparison above has teeth
+
+
+def test_jobs_below_one_are_an_error(tmp_path, capsys):
+    assert main(["uci", "--dataset", "breast", "--models", "mean", "--jobs", "0", "--out", str(tmp_path)]) == 2
+    assert "jobs must be at least 1" in capsys.readouterr().err
+
+
 def test_unknown_dataset_files_are_an_error(tmp_path, capsys):
     assert main(["uci", "--dataset", "yeast", "--data-dir", str(tmp_path), "--out", str(tmp_path)]) == 2
     assert expected_file("yeast") in capsys.readouterr().err
