@@ -32,26 +32,49 @@ def gauss_hermite(n_points: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
     return tuple((nodes * math.sqrt(2.0)).tolist()), tuple((weights / math.sqrt(math.pi)).tolist())
 
 
+_BLOCK_ENTRIES = 2 ** 18  # entries per block of rows: the loop's five 1 MiB tensors then stay in cache
+
+
+def _row_blocks(shape: torch.Size) -> list[slice]:
+    """Slices of the leading axis holding about _BLOCK_ENTRIES entries each (one block for scalars)."""
+    if len(shape) == 0 or shape[0] == 0:
+        return [slice(None)]
+    per_row = max(1, math.prod(shape[1:]))
+    step = max(1, _BLOCK_ENTRIES // per_row)
+    return [slice(start, start + step) for start in range(0, shape[0], step)]
+
+
+def _node_loop(neg_mean: torch.Tensor, sd: torch.Tensor, nodes: tuple[float, ...], weights: tuple[float, ...],
+               total: torch.Tensor, slope_sum: torch.Tensor | None, slope_t_sum: torch.Tensor | None) -> None:
+    """Add Σ_h ω_h σ_h, and for the gradient Σ_h ω_h σ_h (1 - σ_h) and Σ_h ω_h t_h σ_h (1 - σ_h), into the
+    given tensors, in place."""
+    sig = torch.empty_like(total)
+    slope = torch.empty_like(total) if slope_sum is not None else None
+    for t, w in zip(nodes, weights):
+        torch.sub(neg_mean, sd, alpha=t, out=sig)
+        sig.sigmoid_()
+        total.add_(sig, alpha=w)
+        if slope is not None:
+            torch.addcmul(sig, sig, sig, value=-1.0, out=slope)  # σ (1 - σ)
+            slope_sum.add_(slope, alpha=w)
+            if slope_t_sum is not None:
+                slope_t_sum.add_(slope, alpha=w * t)
+
+
 class _LogExpectedSigmoid(torch.autograd.Function):
     @staticmethod
     def forward(ctx, mean: torch.Tensor, sd: torch.Tensor, nodes: tuple[float, ...], weights: tuple[float, ...]):
-        neg_mean = -mean
-        total = torch.zeros(torch.broadcast_shapes(mean.shape, sd.shape), dtype=mean.dtype, device=mean.device)
-        sig = torch.empty_like(total)
+        shape = torch.broadcast_shapes(mean.shape, sd.shape)
+        neg_mean, sd_full = (-mean).expand(shape), sd.expand(shape)
+        total = torch.zeros(shape, dtype=mean.dtype, device=mean.device)
         needs_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
         # the gradient's sums are gathered here, while each σ_h is at hand, rather than recomputed later
         slope_sum = torch.zeros_like(total) if needs_grad else None
         slope_t_sum = torch.zeros_like(total) if ctx.needs_input_grad[1] else None
-        slope = torch.empty_like(total) if needs_grad else None
-        for t, w in zip(nodes, weights):
-            torch.sub(neg_mean, sd, alpha=t, out=sig)
-            sig.sigmoid_()
-            total.add_(sig, alpha=w)
-            if needs_grad:
-                torch.addcmul(sig, sig, sig, value=-1.0, out=slope)  # σ (1 - σ)
-                slope_sum.add_(slope, alpha=w)
-                if slope_t_sum is not None:
-                    slope_t_sum.add_(slope, alpha=w * t)
+        for block in _row_blocks(shape):
+            _node_loop(neg_mean[block], sd_full[block], nodes, weights, total[block],
+                       None if slope_sum is None else slope_sum[block],
+                       None if slope_t_sum is None else slope_t_sum[block])
         total.clamp_min_(torch.finfo(total.dtype).tiny)
         if needs_grad:
             ctx.save_for_backward(total, slope_sum, slope_t_sum)

@@ -10,7 +10,8 @@ from scipy.special import ndtri
 
 from mnar_recsys.data.rows import as_rows
 from mnar_recsys.models.config import ModelConfig, build_model
-from mnar_recsys.models.quadrature import log_expected_sigmoid_categorical
+from mnar_recsys.models import quadrature
+from mnar_recsys.models.quadrature import gauss_hermite, log_expected_sigmoid, log_expected_sigmoid_categorical
 
 
 def self_masking_model(decoder: str, n_features: int = 6, slopes: tuple[float, float] = (-1.5, 1.5)):
@@ -49,6 +50,22 @@ def test_categorical_integrated_factor_is_the_exact_sum_over_levels():
             else:
                 expected[b] -= math.log1p(math.exp(-(weight[j] * value + bias[j])))
     np.testing.assert_allclose(integrated, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("block_entries", [7, 2 ** 18])
+def test_gaussian_kernel_in_row_blocks_is_the_plain_node_sum_in_value_and_gradient(monkeypatch, block_entries):
+    """The Gauss-Hermite loop runs over blocks of rows (to stay in cache); with one row per block or one
+    block in all it gives log Σ_h ω_h σ(-(m + sd t_h)) and its autograd gradient, in float64."""
+    monkeypatch.setattr(quadrature, "_BLOCK_ENTRIES", block_entries)
+    generator = torch.Generator().manual_seed(0)
+    mean = torch.randn(5, 3, 4, generator=generator, dtype=torch.float64).requires_grad_()
+    sd = (0.2 + torch.rand(1, 1, 4, generator=generator, dtype=torch.float64)).requires_grad_()
+    nodes, weights = (torch.tensor(v, dtype=torch.float64) for v in gauss_hermite(8))
+    reference = torch.logsumexp(weights.log() + F.logsigmoid(-(mean[..., None] + sd[..., None] * nodes)), -1)
+    kernel = log_expected_sigmoid(mean, sd)
+    torch.testing.assert_close(kernel, reference)
+    for a, b in zip(torch.autograd.grad(kernel.sum(), (mean, sd)), torch.autograd.grad(reference.sum(), (mean, sd))):
+        torch.testing.assert_close(a, b)
 
 
 @pytest.mark.parametrize("shapes", [
