@@ -152,7 +152,7 @@ def run_uci(datasets: list[str], models: list[str], config: UCIConfig, out: Path
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
     data = {name: masked_dataset(load_uci(name, data_dir), config.offset) for name in datasets}  # fail early
-    meta = {"provenance": provenance(), "protocol": asdict(config), "data_dir": data_dir}
+    meta = {"provenance": provenance(), "protocol": asdict(config), "data_dir": data_dir, "jobs": jobs}
     tasks = [(name, model, run) for name in data for model in models for run in range(config.runs)]
     order = {task: position for position, task in enumerate(tasks)}
     records: list[dict[str, Any]] = []
