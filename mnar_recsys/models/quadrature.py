@@ -32,7 +32,7 @@ def gauss_hermite(n_points: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
     return tuple((nodes * math.sqrt(2.0)).tolist()), tuple((weights / math.sqrt(math.pi)).tolist())
 
 
-_BLOCK_ENTRIES = 2 ** 18  # entries per block of rows: the loop's five 1 MiB tensors then stay in cache
+_BLOCK_ENTRIES = 2 ** 18  # entries per block of rows on a CPU: the loop's five 1 MiB tensors stay in cache
 
 
 def _row_blocks(shape: torch.Size) -> list[slice]:
@@ -71,7 +71,8 @@ class _LogExpectedSigmoid(torch.autograd.Function):
         # the gradient's sums are gathered here, while each σ_h is at hand, rather than recomputed later
         slope_sum = torch.zeros_like(total) if needs_grad else None
         slope_t_sum = torch.zeros_like(total) if ctx.needs_input_grad[1] else None
-        for block in _row_blocks(shape):
+        # on a GPU the whole tensor in one go: more, smaller kernels would only add launch overhead
+        for block in _row_blocks(shape) if total.device.type == "cpu" else [slice(None)]:
             _node_loop(neg_mean[block], sd_full[block], nodes, weights, total[block],
                        None if slope_sum is None else slope_sum[block],
                        None if slope_t_sum is None else slope_t_sum[block])
