@@ -194,6 +194,7 @@ class _LogExpectedSigmoidCategorical(torch.autograd.Function):
         top = level_logits.amax(-1)
         scaled_sum = level_logits.new_zeros(shape)
         tilted_sum = level_logits.new_zeros(shape)
+        keep = any(ctx.needs_input_grad)  # without gradients (imputation) each level is freed as it goes
         exps, missing = [], []
         for c in range(level_logits.shape[-1]):
             exp_c = torch.sub(level_logits[..., c], top).exp_()
@@ -201,8 +202,9 @@ class _LogExpectedSigmoidCategorical(torch.autograd.Function):
             missing_c = (neg_logit_c if offset is None else neg_logit_c - offset).sigmoid()
             scaled_sum.add_(exp_c)
             tilted_sum.addcmul_(exp_c, missing_c)
-            exps.append(exp_c)
-            missing.append(missing_c)
+            if keep:
+                exps.append(exp_c)
+                missing.append(missing_c)
         # as in `_LogExpectedSigmoid`, a floor for entries missing with probability below 1e-38
         tilted_sum.clamp_min_(torch.finfo(tilted_sum.dtype).tiny)
         ctx.save_for_backward(scaled_sum, tilted_sum, *exps, *missing)
@@ -215,7 +217,8 @@ class _LogExpectedSigmoidCategorical(torch.autograd.Function):
         n_levels = len(saved) // 2
         logits_shape, selection_shape, offset_shape = ctx.shapes
         wants_levels, wants_selection, wants_offset = ctx.needs_input_grad
-        per_tilted, per_scaled = grad_out / tilted_sum, grad_out / scaled_sum
+        per_tilted = grad_out / tilted_sum
+        per_scaled = grad_out / scaled_sum if wants_levels else None
         levels = grad_out.new_empty(logits_shape) if wants_levels else None
         grad_selection, grad_offset = [], None
         for c, (exp_c, missing_c) in enumerate(zip(saved[:n_levels], saved[n_levels:])):

@@ -113,6 +113,7 @@ def fit(model: NotMIWAE, data: "np.ndarray | sp.spmatrix | RowSource", config: T
         model.missing_model.initialise(rows.observed_fraction(), float(observed.mean()) if observed.size else 0.0)
     model.to(device).train()
     step_model = _data_parallel(model, device)
+    # fused: one kernel for all parameters; the per-tensor loop took a tenth of a small model's step
     optimiser = torch.optim.Adam(model.parameters(), lr=config.lr, fused=True)
     history = History()
     best_state, best_value = None, -float("inf")
