@@ -68,7 +68,11 @@ class ObservationModel(nn.Module):
         This default gathers from the full forward pass, correct for any decoder; decoders with a
         dense linear head override it to compute only the needed head units.
         """
-        return tuple(t[rows, :, cols] for t in self(z))
+        return self.at_entries(self(z), rows, cols)
+
+    def at_entries(self, params: Params, rows: torch.Tensor, cols: torch.Tensor) -> Params:
+        """The forward pass's parameters (B, K, p, ...) at entries (rows[n], cols[n]): each (n, K, ...)."""
+        return tuple(t[rows, :, cols] for t in params)
 
     def log_prob(self, params: Params, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -135,10 +139,12 @@ class GaussianDecoder(ObservationModel):
         self.register_buffer("gh_logw", torch.tensor(weights).log(), persistent=False)
 
     def forward(self, z: torch.Tensor) -> Params:
-        loc = self._squashed(self.mean_net(z))
-        # shared variances are computed once per feature and broadcast, not once per (row, sample)
-        raw = self.var_head(self.trunk(z)) if self.variance == "per_row" else self.raw_var
-        return loc, self._scale(raw).expand_as(loc)
+        if self.variance != "per_row":
+            # shared variances are computed once per feature and broadcast, not once per (row, sample)
+            loc = self._squashed(self.mean_net(z))
+            return loc, self.shared_scale().expand_as(loc)
+        h = self.trunk(z)  # once for both heads
+        return self._squashed(self.mean_head(h)), self._scale(self.var_head(h))
 
     def forward_entries(self, z: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> Params:
         if self.mean_head is None:
@@ -146,10 +152,28 @@ class GaussianDecoder(ObservationModel):
         h = self.trunk(z)
         loc = self._squashed(linear_at_entries(self.mean_head, h, rows, cols[:, None])[..., 0])
         if self.variance == "per_row":
-            raw = linear_at_entries(self.var_head, h, rows, cols[:, None])[..., 0]
+            scale = self._scale(linear_at_entries(self.var_head, h, rows, cols[:, None])[..., 0])
         else:
-            raw = (self.raw_var[cols] if self.variance == "shared" else self.raw_var)[..., None]
-        return loc, self._scale(raw).expand_as(loc)
+            scale = self.shared_scale(cols)[..., None]
+        return loc, scale.expand_as(loc)
+
+    def at_entries(self, params: Params, rows: torch.Tensor, cols: torch.Tensor) -> Params:
+        scale = self.shared_scale(cols)
+        if scale is None:
+            return super().at_entries(params, rows, cols)
+        loc = params[0][rows, :, cols]
+        return loc, scale[:, None].expand_as(loc)
+
+    def shared_scale(self, features: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The sd of the given features (default all) when it does not depend on z, else None (per-row).
+
+        Taken from the parameter rather than out of the broadcast forward output: the backward pass of
+        an index into that (B, K, p) view would fill a (B, K, p) gradient to reach a (p,) parameter.
+        """
+        if self.variance == "per_row":
+            return None
+        return self._scale(self.raw_var if features is None or self.variance == "isotropic"
+                           else self.raw_var[features])
 
     def _squashed(self, loc: torch.Tensor) -> torch.Tensor:
         if self.squash is None:

@@ -135,8 +135,7 @@ class NotMIWAE(nn.Module):
 
     def log_px_obs(self, batch: RowBatch, params: Params) -> torch.Tensor:
         """Σ_{j observed} log p(x_j | z_k), computed on the observed entries only: (B, K)."""
-        observed = tuple(t[batch.obs_row, :, batch.obs_col] for t in params)  # (nnz, K, ...)
-        return self._log_px_entries(batch, observed)
+        return self._log_px_entries(batch, self.decoder.at_entries(params, batch.obs_row, batch.obs_col))
 
     def _log_px_entries(self, batch: RowBatch, observed: Params) -> torch.Tensor:
         """Σ_{j observed} log p(x_j | z_k) from the parameters at the observed entries (nnz, K, ...): (B, K)."""
@@ -189,18 +188,18 @@ class NotMIWAE(nn.Module):
         decoder, model = self.decoder, self.missing_model
         if features is None:
             features = torch.arange(self.n_features, device=params[0].device)
-        if isinstance(decoder, GaussianDecoder) and model.affine:
-            slope, intercept = model.feature_affine(features)
-            if offset is not None:
-                intercept = intercept + offset
-            loc, scale = params
-            return log_expected_sigmoid(slope * loc + intercept, slope.abs() * _compact(scale),
-                                        decoder.quadrature_points)
-        if isinstance(decoder, GaussianDecoder) and isinstance(model, LevelwiseLogistic):
-            loc, scale = params
+        if isinstance(decoder, GaussianDecoder) and (model.affine or isinstance(model, LevelwiseLogistic)):
+            loc, scale = params[0], decoder.shared_scale(features)
+            if scale is None:  # per-row variances
+                scale = params[1]
+            if model.affine:
+                slope, intercept = model.feature_affine(features)
+                if offset is not None:
+                    intercept = intercept + offset
+                return log_expected_sigmoid(slope * loc + intercept, slope.abs() * scale, decoder.quadrature_points)
             intercept = model.bias[features] if offset is None else model.bias[features] + offset
-            return log_expected_sigmoid_piecewise(loc, _compact(scale), model.level_logits(), intercept,
-                                                  model.lo, decoder.quadrature_points)
+            return log_expected_sigmoid_piecewise(loc, scale, model.level_logits(), intercept, model.lo,
+                                                  decoder.quadrature_points)
         if isinstance(decoder, CategoricalDecoder):
             selection = model.feature_logits(decoder.support, features[..., None])
             return log_expected_sigmoid_categorical(params[0], selection, offset)
@@ -224,9 +223,3 @@ def _check_unobserved_samples(unobserved_samples: int | None, missing_model: Mis
     if not (missing_model.per_feature or missing_model.is_mcar):
         raise ValueError(f"{type(missing_model).__name__} couples features, so its missing term cannot be "
                          "subsampled entry by entry: leave unobserved_samples unset")
-
-
-def _compact(t: torch.Tensor) -> torch.Tensor:
-    """Undo broadcasting: keep one copy along every axis with stride 0 (a shared variance stays (1, 1, p))."""
-    return t[tuple(slice(0, 1) if stride == 0 and size > 1 else slice(None)
-                   for stride, size in zip(t.stride(), t.shape))]

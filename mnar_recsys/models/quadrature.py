@@ -46,8 +46,11 @@ def _row_blocks(shape: torch.Size) -> list[slice]:
 
 def _node_loop(neg_mean: torch.Tensor, sd: torch.Tensor, nodes: tuple[float, ...], weights: tuple[float, ...],
                total: torch.Tensor, slope_sum: torch.Tensor | None, slope_t_sum: torch.Tensor | None) -> None:
-    """Add Σ_h ω_h σ_h, and for the gradient Σ_h ω_h σ_h (1 - σ_h) and Σ_h ω_h t_h σ_h (1 - σ_h), into the
+    """Write Σ_h ω_h σ_h, and for the gradient Σ_h ω_h σ_h (1 - σ_h) and Σ_h ω_h t_h σ_h (1 - σ_h), into the
     given tensors, in place."""
+    for out in (total, slope_sum, slope_t_sum):
+        if out is not None:
+            out.zero_()  # here rather than when allocated: one block is in cache, the whole tensor is not
     sig = torch.empty_like(total)
     slope = torch.empty_like(total) if slope_sum is not None else None
     for t, w in zip(nodes, weights):
@@ -64,13 +67,13 @@ def _node_loop(neg_mean: torch.Tensor, sd: torch.Tensor, nodes: tuple[float, ...
 class _LogExpectedSigmoid(torch.autograd.Function):
     @staticmethod
     def forward(ctx, mean: torch.Tensor, sd: torch.Tensor, nodes: tuple[float, ...], weights: tuple[float, ...]):
-        shape = torch.broadcast_shapes(mean.shape, sd.shape)
-        neg_mean, sd_full = (-mean).expand(shape), sd.expand(shape)
-        total = torch.zeros(shape, dtype=mean.dtype, device=mean.device)
+        neg_mean, sd_full = torch.broadcast_tensors(-mean, sd)  # torch.broadcast_shapes runs in Python, slowly
+        shape = neg_mean.shape
+        total = torch.empty(shape, dtype=mean.dtype, device=mean.device)
         needs_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
         # the gradient's sums are gathered here, while each σ_h is at hand, rather than recomputed later
-        slope_sum = torch.zeros_like(total) if needs_grad else None
-        slope_t_sum = torch.zeros_like(total) if ctx.needs_input_grad[1] else None
+        slope_sum = torch.empty_like(total) if needs_grad else None
+        slope_t_sum = torch.empty_like(total) if ctx.needs_input_grad[1] else None
         # on a GPU the whole tensor in one go: more, smaller kernels would only add launch overhead
         for block in _row_blocks(shape) if total.device.type == "cpu" else [slice(None)]:
             _node_loop(neg_mean[block], sd_full[block], nodes, weights, total[block],

@@ -124,6 +124,7 @@ def fit(model: NotMIWAE, data: "np.ndarray | sp.spmatrix | RowSource", config: T
     batches = _batches(training.size, config.batch_size, np.random.default_rng(_row_seed(config.seed, _BATCHES)))
     for iteration in bar:
         batch = training[next(batches)]
+        optimiser.zero_grad(set_to_none=True)  # not the model's: that walks its module tree every step
         value = _step(step_model, rows, batch, n_shards, config, iteration, device)
         optimiser.step()
         running = value if running is None else 0.98 * running + 0.02 * value
@@ -179,9 +180,8 @@ def _data_parallel(model: NotMIWAE, device: torch.device) -> nn.Module:
 
 def _step(step_model: nn.Module, rows: RowSource, batch: np.ndarray, n_shards: int, config: TrainConfig,
           iteration: int, device: torch.device) -> float:
-    """Accumulate the gradient of -(mean bound over the global batch) from this rank's shards; return the
-    global batch's mean bound. DDP averages over ranks, hence the factor world_size."""
-    step_model.zero_grad(set_to_none=True)
+    """Accumulate the gradient of -(mean bound over the global batch) from this rank's shards into the zeroed
+    gradients; return the global batch's mean bound. DDP averages over ranks, hence the factor world_size."""
     shards = distributed.shards_of(batch, n_shards)
     mine = distributed.my_shards(n_shards)
     scale = distributed.world_size() / batch.size

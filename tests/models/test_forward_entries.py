@@ -1,4 +1,5 @@
-"""Decoder parameters at chosen entries: `forward_entries` equals gathering from the full forward pass."""
+"""Decoder parameters at chosen entries: `forward_entries` (from z) and `at_entries` (from the forward
+pass's output) equal gathering from the full forward pass."""
 
 import pytest
 import torch
@@ -24,8 +25,9 @@ def _decoders() -> dict[str, decoders.ObservationModel]:
     }
 
 
+@pytest.mark.parametrize("method", ["forward_entries", "at_entries"])
 @pytest.mark.parametrize("name", list(_decoders()))
-def test_forward_entries_equals_the_gather_from_forward(name):
+def test_parameters_at_entries_equal_the_gather_from_forward(name, method):
     """Values and gradients (to z and every decoder parameter) agree to float32 rounding, for entries in
     no particular row order, with repeated entries and with a row that has none."""
     torch.manual_seed(0)
@@ -37,7 +39,10 @@ def test_forward_entries_equals_the_gather_from_forward(name):
     rows = torch.tensor([3, 0, 3, 1, 0, 3, 3, 1, 0, 4])  # row 2 has no entries
     cols = torch.tensor([7, 0, 63, 5, 5, 7, 1, 62, 33, 12])
     full = tuple(t[rows, :, cols] for t in decoder(z))
-    entries = decoder.forward_entries(z, rows, cols)
+    if method == "forward_entries":
+        entries = decoder.forward_entries(z, rows, cols)
+    else:
+        entries = decoder.at_entries(decoder(z), rows, cols)
     assert len(entries) == len(full)
     for got, expected in zip(entries, full):
         assert got.shape == expected.shape == (rows.numel(), SAMPLES, *expected.shape[2:])
