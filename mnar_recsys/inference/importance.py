@@ -71,38 +71,46 @@ def _gather_targets(params: Params, cols: torch.Tensor) -> Params:
     return tuple(out)
 
 
-def _conditional_mean(model: NotMIWAE, params: Params, cols: torch.Tensor, observed: torch.Tensor) -> torch.Tensor:
+def _selection_logits(model: NotMIWAE, x: torch.Tensor, cols: torch.Tensor,
+                      offset: torch.Tensor | None) -> torch.Tensor:
+    """logit Pr(s_j = 1 | x_j, z_k) at values x (B, K, T, ...): cols (B, T) are the targets' features,
+    offset (B, K) the row offsets a(z_k) (None without a row offset)."""
+    extra = x.dim() - 3
+    logits = model.missing_model.feature_logits(x, cols[(slice(None), None, slice(None)) + (None,) * extra])
+    return logits if offset is None else logits + offset[(...,) + (None,) * (1 + extra)]
+
+
+def _conditional_mean(model: NotMIWAE, params: Params, cols: torch.Tensor, observed: torch.Tensor,
+                      offset: torch.Tensor | None) -> torch.Tensor:
     """E[x_j | z_k, s_j] for target entries, (B, K, T).
 
-    With the integrated missing factor this is the decoder's distribution tilted by Pr(s_j | x_j) on the
-    same quadrature nodes, the exact per-feature posterior given z_k; otherwise the decoder mean
+    With the integrated missing factor this is the decoder's distribution tilted by Pr(s_j | x_j, z_k) on
+    the same quadrature nodes, the exact per-feature posterior given z_k; otherwise the decoder mean
     (Rao-Blackwellised as in the paper, the weights carrying the sampled x_m).
     """
     if not _tilt_applies(model):
         return model.decoder.mean(params)
     nodes, log_w = model.decoder.quadrature(params)
-    logits = model.missing_model.feature_logits(nodes, cols[:, None, :, None])
     sign = (2 * observed - 1)[:, None, :, None]
-    tilt = F.softmax(log_w + F.logsigmoid(sign * logits), dim=-1)
+    tilt = F.softmax(log_w + F.logsigmoid(sign * _selection_logits(model, nodes, cols, offset)), dim=-1)
     return (tilt * nodes).sum(-1)
 
 
 def _posterior_draws(model: NotMIWAE, params: Params, cols: torch.Tensor, observed: torch.Tensor,
-                     max_rounds: int = 200) -> torch.Tensor:
-    """Draws from p(x_j | z_k, s_j) for resampled z_k: params (B, M, T, ...) -> (B, M, T).
+                     offset: torch.Tensor | None, max_rounds: int = 200) -> torch.Tensor:
+    """Draws from p(x_j | z_k, s_j) for resampled z_k: params (B, M, T, ...), offset (B, M) -> (B, M, T).
 
-    With a per-feature missing model this is the decoder tilted by Pr(s_j | x_j), drawn exactly by
-    rejection (propose from p(x_j | z_k), accept with probability Pr(s_j | x_j) <= 1); a coupled
+    With a per-feature missing model this is the decoder tilted by Pr(s_j | x_j, z_k), drawn exactly by
+    rejection (propose from p(x_j | z_k), accept with probability Pr(s_j | x_j, z_k) <= 1); a coupled
     missing model (agnostic, nonlinear) cannot be tilted feature by feature and the decoder is used.
     """
     draws = model.decoder.sample(params)
     if not _tilt_applies(model):
         return draws
     sign = (2 * observed - 1)[:, None, :]
-    features = cols[:, None, :]
     pending = torch.ones_like(draws, dtype=torch.bool)
     for _ in range(max_rounds):
-        accept_p = torch.sigmoid(sign * model.missing_model.feature_logits(draws, features))
+        accept_p = torch.sigmoid(sign * _selection_logits(model, draws, cols, offset))
         pending &= torch.rand_like(accept_p) >= accept_p
         if not pending.any():
             break
@@ -116,9 +124,9 @@ def _tilt_applies(model: NotMIWAE) -> bool:
 
 
 def _component_cdf(model: NotMIWAE, params: Params, cols: torch.Tensor, observed: torch.Tensor,
-                   x: torch.Tensor, legendre_points: int = 8) -> torch.Tensor:
-    """CDF of each component at x (B, 1, T) -> (B, K, T): the decoder's, tilted by Pr(s_j | x_j) when the
-    missing factor is integrated (the same per-sample posterior the conditional mean uses).
+                   offset: torch.Tensor | None, x: torch.Tensor, legendre_points: int = 8) -> torch.Tensor:
+    """CDF of each component at x (B, 1, T) -> (B, K, T): the decoder's, tilted by Pr(s_j | x_j, z_k) when
+    the missing factor is integrated (the same per-sample posterior the conditional mean uses).
 
     The tilted CDF ∫_{-inf}^x p(t|z) Pr(s|t) dt / Pr(s|z) is taken on the probability scale,
     t = F^{-1}(u), by Gauss-Legendre over u in [0, F(x)]; discrete decoders sum their levels exactly.
@@ -127,9 +135,8 @@ def _component_cdf(model: NotMIWAE, params: Params, cols: torch.Tensor, observed
     if not _tilt_applies(model):
         return decoder.cdf(params, x)
     sign = (2 * observed - 1)[:, None, :]
-    features = cols[:, None, :]
     nodes, log_w = decoder.quadrature(params)
-    accept = torch.sigmoid(sign[..., None] * model.missing_model.feature_logits(nodes, features[..., None]))
+    accept = torch.sigmoid(sign[..., None] * _selection_logits(model, nodes, cols, offset))
     normaliser = (log_w.exp() * accept).sum(-1)
     support = getattr(decoder, "support", None)
     if support is not None:
@@ -141,17 +148,18 @@ def _component_cdf(model: NotMIWAE, params: Params, cols: torch.Tensor, observed
     for node, weight in zip(g.tolist(), w.tolist()):
         u = (upper * (1 + node) / 2).clamp(1e-7, 1 - 1e-7)
         t = loc + scale * math.sqrt(2.0) * torch.erfinv(2 * u - 1)
-        total += weight / 2 * torch.sigmoid(sign * model.missing_model.feature_logits(t, features))
+        total += weight / 2 * torch.sigmoid(sign * _selection_logits(model, t, cols, offset))
     return upper * total / normaliser
 
 
 def _mixture_median(model: NotMIWAE, alpha: torch.Tensor, params: Params, cols: torch.Tensor,
-                    observed: torch.Tensor, iterations: int = 40) -> torch.Tensor:
-    """Solve Σ_k α_k F(x | z_k) = 0.5 for each target: alpha (B, K), params (B, K, T, ...) -> (B, T)."""
+                    observed: torch.Tensor, offset: torch.Tensor | None, iterations: int = 40) -> torch.Tensor:
+    """Solve Σ_k α_k F(x | z_k) = 0.5 for each target: alpha (B, K), params (B, K, T, ...), offset (B, K)
+    or None -> (B, T)."""
     decoder = model.decoder
 
     def mixture_cdf(x: torch.Tensor) -> torch.Tensor:
-        return (alpha[:, :, None] * _component_cdf(model, params, cols, observed, x[:, None, :])).sum(1)
+        return (alpha[:, :, None] * _component_cdf(model, params, cols, observed, offset, x[:, None, :])).sum(1)
 
     support = getattr(decoder, "support", None)
     if support is not None:
@@ -253,13 +261,12 @@ def _all_missing(source: RowSource) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _sample_chunks(model: NotMIWAE, batch: RowBatch, config: ImportanceConfig):
-    """Yield (log_weights (B, k), params (B, k, p, ...)) over sub-chunks adding up to K samples."""
+    """Yield the K samples in sub-chunks, as many per chunk as config.chunk_entries allows."""
     per_chunk = max(1, config.chunk_entries // (batch.n_rows * model.n_features))
     done = 0
     while done < config.n_samples:
         k = min(per_chunk, config.n_samples - done)
-        samples = model.sample(batch, k)
-        yield samples.terms.log_weights, samples.params
+        yield model.sample(batch, k)
         done += k
 
 
@@ -271,33 +278,39 @@ def _impute_chunk(model: NotMIWAE, batch: RowBatch, cols: torch.Tensor, methods:
     weight_sum = torch.zeros_like(running_max)
     weight_sq_sum = torch.zeros_like(running_max)
     mean_sum = torch.zeros(cols.shape, device=cols.device)
-    kept_log_w, kept_params = [], []
-    for log_w, params in _sample_chunks(model, batch, config):
-        targets = _gather_targets(params, cols)
+    kept_log_w, kept_params, kept_offsets = [], [], []
+    for samples in _sample_chunks(model, batch, config):
+        log_w, offset = samples.terms.log_weights, samples.offset
+        targets = _gather_targets(samples.params, cols)
         new_max = torch.maximum(running_max, log_w.amax(1))
         rescale = torch.exp(running_max - new_max)
         w = torch.exp(log_w - new_max[:, None])
         weight_sum = weight_sum * rescale + w.sum(1)
         weight_sq_sum = weight_sq_sum * rescale ** 2 + (w ** 2).sum(1)
         if "mean" in methods:
-            conditional = _conditional_mean(model, targets, cols, observed)
+            conditional = _conditional_mean(model, targets, cols, observed, offset)
             mean_sum = mean_sum * rescale[:, None] + (w[:, :, None] * conditional).sum(1)
         running_max = new_max
         if keep_all:
             kept_log_w.append(log_w)
             kept_params.append(targets)
+            kept_offsets.append(offset)
     out = {"ess": (weight_sum ** 2 / weight_sq_sum).cpu().numpy()}
     if "mean" in methods:
         out["mean"] = (mean_sum / weight_sum[:, None]).cpu().numpy()
     if keep_all:
         alpha = torch.softmax(torch.cat(kept_log_w, 1), dim=1)
         params = tuple(torch.cat(parts, 1) for parts in zip(*kept_params))
+        offset = None if model.row_offset is None else torch.cat(kept_offsets, 1)
         if "median" in methods:
-            out["median"] = _mixture_median(model, alpha, params, cols, observed).cpu().numpy()
+            out["median"] = _mixture_median(model, alpha, params, cols, observed, offset).cpu().numpy()
         if "multiple" in methods:
             picks = torch.multinomial(alpha, config.n_imputations, replacement=True)  # (B, M)
-            chosen = tuple(t[torch.arange(t.shape[0])[:, None], picks] for t in params)
-            out["multiple"] = _posterior_draws(model, chosen, cols, observed).permute(1, 0, 2).cpu().numpy()
+            rows = torch.arange(alpha.shape[0], device=alpha.device)[:, None]
+            chosen = tuple(t[rows, picks] for t in params)
+            chosen_offset = None if offset is None else offset[rows, picks]
+            draws = _posterior_draws(model, chosen, cols, observed, chosen_offset)
+            out["multiple"] = draws.permute(1, 0, 2).cpu().numpy()
     return out
 
 
@@ -315,8 +328,8 @@ def log_likelihood(model: NotMIWAE, data: "np.ndarray | sp.spmatrix | RowSource"
         stop = min(start + config.row_chunk, source.n_rows)
         batch = source.batch(np.arange(start, stop)).to(device)
         total = torch.full((stop - start,), -float("inf"), device=batch.obs_value.device)
-        for log_w, _ in _sample_chunks(model, batch, config):
-            total = torch.logaddexp(total, torch.logsumexp(log_w, dim=1))
+        for samples in _sample_chunks(model, batch, config):
+            total = torch.logaddexp(total, torch.logsumexp(samples.terms.log_weights, dim=1))
         out[start:stop] = (total - math.log(config.n_samples)).cpu().numpy()
     return out
 

@@ -30,6 +30,7 @@ class Samples:
     z: torch.Tensor  # (B, K, d)
     params: Params  # decoder parameters, feature axis at 2: (B, K, p, ...)
     terms: BoundTerms
+    offset: torch.Tensor | None  # the row offset a(z_k) of every selection logit, (B, K); None without one
 
 
 class NotMIWAE(nn.Module):
@@ -76,9 +77,9 @@ class NotMIWAE(nn.Module):
         """Draw K samples per row and compute the bound's four log-terms exactly."""
         z, log_pz, log_qz = self._latent(batch, n_samples)
         params = self.decoder(z)
-        log_ps = self.log_ps(batch, params, self._row_offset(z))
-        terms = BoundTerms(self.log_px_obs(batch, params), log_ps, log_pz, log_qz)
-        return Samples(z, params, terms)
+        offset = self._row_offset(z)
+        terms = BoundTerms(self.log_px_obs(batch, params), self.log_ps(batch, params, offset), log_pz, log_qz)
+        return Samples(z, params, terms, offset)
 
     def forward(self, batch: RowBatch, n_samples: int) -> torch.Tensor:
         """The bound, so that DistributedDataParallel's forward hooks see the training computation."""

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from mnar_recsys.data.rows import as_rows
 from mnar_recsys.inference.importance import ImportanceConfig, _mixture_median, impute
 from mnar_recsys.models.config import ModelConfig, build_model
 
@@ -91,7 +92,7 @@ def test_mixture_median_lies_between_component_medians_and_halves_the_mass():
     scale = 0.2 + torch.rand(4, 6, 3)
     alpha = torch.softmax(torch.randn(4, 6), dim=1)
     cols = torch.arange(3).expand(4, 3)
-    median = _mixture_median(model, alpha, (loc, scale), cols, torch.zeros(4, 3))
+    median = _mixture_median(model, alpha, (loc, scale), cols, torch.zeros(4, 3), None)
     assert ((median >= loc.amin(1)) & (median <= loc.amax(1))).all()
     mass = (alpha[:, :, None] * model.decoder.cdf((loc, scale), median[:, None, :])).sum(1)
     torch.testing.assert_close(mass, torch.full_like(mass, 0.5), rtol=0, atol=1e-4)
@@ -134,3 +135,62 @@ def test_tilted_mean_median_and_draws_describe_one_posterior():
     assert np.allclose(untilted.mean, result.mean)
     # the tilt moves the imputations towards the large values the missing model says go missing
     assert (result.mean > decoder_mean).mean() > 0.9
+
+
+def _nearly_deterministic_encoder(model, latent_dim: int) -> None:
+    """q(z | x_o) with the smallest variance the head allows (sd e^-6), so every sample sits at its mean."""
+    with torch.no_grad():
+        model.encoder.head.linear.weight[latent_dim:].zero_()
+        model.encoder.head.linear.bias[latent_dim:].fill_(-30.0)
+
+
+@pytest.mark.parametrize("decoder", ["categorical", "gaussian"])
+def test_imputation_tilts_by_the_row_offset_of_each_sample(decoder):
+    """With a row offset a(z) the posterior of an unrated item is p(x_j | z) Pr(s_j = 0 | x_j, z), whose
+    selection logit includes a(z). With z pinned to the encoder mean, the imputed mean, median and draws
+    must match that posterior, computed here directly (levels summed, or a fine grid for the Gaussian, which
+    the package integrates with 8 Gauss-Hermite points, hence its looser tolerance), and the offset must
+    matter: leaving it out moves the expected values by far more than the tolerance."""
+    torch.manual_seed(0)
+    latent, n_items = 3, 6
+    model = build_model(ModelConfig(n_features=n_items, latent_dim=latent, embedding_dim=4, code_dim=8,
+                                    decoder=decoder, row_offset=True)).eval()
+    _nearly_deterministic_encoder(model, latent)
+    with torch.no_grad():
+        model.row_offset.weight.copy_(torch.tensor([2.0, -1.5, 1.0]))
+        model.missing_model.bias.copy_(torch.linspace(-2.0, 1.0, n_items))
+    rng = np.random.default_rng(0)
+    rows = rng.integers(1, 6, size=(6, n_items)).astype(float)
+    rows[rng.random(rows.shape) < 0.5] = np.nan
+    rows[:, 0] = 3.0  # every user has a rating
+    result = impute(model, rows, methods=("mean", "median", "multiple"),
+                    config=ImportanceConfig(n_samples=20, n_imputations=4000, seed=0))
+
+    batch = as_rows(rows).batch(np.arange(rows.shape[0]))
+    with torch.no_grad():
+        z = model.encoder(batch)[0][:, None]  # (B, 1, d)
+        offset = model.row_offset(z)[:, 0].double().numpy()
+        params = [t[:, 0].double().numpy() for t in model.decoder(z)]
+    if decoder == "categorical":
+        support = np.arange(1.0, 6.0)
+        prior = np.exp(params[0] - params[0].max(-1, keepdims=True))  # (B, p, C)
+    else:
+        support = np.linspace(-4.0, 10.0, 20_001)
+        loc, scale = params[0][..., None], params[1][..., None]
+        prior = np.exp(-0.5 * ((support - loc) / scale) ** 2)
+    slope = model.missing_model.weight.item()
+    bias = model.missing_model.bias.detach().double().numpy()[:, None]
+
+    def posterior(row_offset: np.ndarray) -> np.ndarray:
+        weight = prior / (1 + np.exp(slope * support + bias + row_offset[:, None, None]))  # Pr(s = 0 | x, z)
+        return weight / weight.sum(-1, keepdims=True)
+
+    tilted, untilted = posterior(offset), posterior(np.zeros_like(offset))
+    r, c = result.rows, result.cols
+    tolerance = 2e-3 if decoder == "categorical" else 1e-2
+    expected_mean = (tilted * support).sum(-1)[r, c]
+    np.testing.assert_allclose(result.mean, expected_mean, atol=tolerance)
+    assert np.abs((untilted * support).sum(-1)[r, c] - expected_mean).max() > 0.1
+    expected_median = support[(tilted.cumsum(-1) < 0.5).sum(-1)][r, c]
+    np.testing.assert_allclose(result.median, expected_median, atol=0 if decoder == "categorical" else tolerance)
+    np.testing.assert_allclose(result.draws.mean(0), expected_mean, atol=0.1)
