@@ -336,7 +336,8 @@ def log_likelihood(model: NotMIWAE, data: "np.ndarray | sp.spmatrix | RowSource"
 
 @torch.no_grad()
 def mask_accuracy(model: NotMIWAE, complete: np.ndarray, mask: np.ndarray) -> float:
-    """Accuracy of the learnt missing model's predicted mask (Pr(s=1|x) > 0.5) on fully observed rows."""
+    """Accuracy of the learnt missing model's predicted mask (Pr(s=1|x) > 0.5) on fully observed rows, over
+    every entry, features that never go missing included (the paper's definition is silent on that)."""
     complete, mask = np.asarray(complete, dtype=np.float32), np.asarray(mask)
     if complete.shape != mask.shape:
         raise ValueError(f"complete data {complete.shape} and mask {mask.shape} must have one shape")

@@ -113,7 +113,7 @@ def build(name: str, run: RatingsRun, data: RatingsData, seed: int, progress: bo
                                 unobserved_samples=run.unobserved_samples)
     if name in UNSEEDED:
         return make_baseline(name, rating_scale=data.rating_scale)
-    return make_baseline(name, seed=seed)
+    return make_baseline(name, seed=seed, rating_scale=data.rating_scale)
 
 
 def model_settings(model: Recommender) -> dict[str, Any]:

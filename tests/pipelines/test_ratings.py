@@ -1,5 +1,6 @@
 """`mnar-recsys ratings`: the files it writes, and not-MIWAE's advantage on MCAR ratings."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -48,6 +49,17 @@ def test_cli_refuses_bad_requests(tmp_path, capsys):
     assert main(["ratings", "--models", "notmiwae-poisson", "--out", str(tmp_path)]) == 2
     assert main(["ratings", "--data", "coat", "--out", str(tmp_path)]) == 2
     assert "needs --data-dir" in capsys.readouterr().err
+
+
+def test_every_model_predicts_on_the_data_sets_rating_scale():
+    """A data set rated 0..10 sets every model's rating scale (to which it clips predictions), not the default 1..5."""
+    data = load_data(RatingsRun(users=200, items=40))
+    data = dataclasses.replace(data, rating_scale=(0.0, 10.0))
+    run = RatingsRun(users=200, items=40, iterations=5, importance_samples=5)
+    for name in ("notmiwae-gaussian", "mf", "pmf", "mf-ips", "mf-ips-mask", "constant-2", "train-mean"):
+        model = build(name, run, data, seed=0, progress=False)
+        scale = model.config.rating_scale if hasattr(model, "config") else model.rating_scale
+        assert tuple(scale) == (0.0, 10.0), name
 
 
 def test_selection_reaches_the_simulator():
