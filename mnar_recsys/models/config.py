@@ -100,7 +100,7 @@ def build_decoder(cfg: ModelConfig) -> decoders.ObservationModel:
         return decoders.GaussianDecoder(d, p, cfg.decoder_hidden, act, cfg.squash, cfg.variance, cfg.min_variance,
                                         cfg.quadrature_points)
     if cfg.decoder == "linear":
-        return decoders.linear_gaussian_decoder(d, p, cfg.min_variance)
+        return decoders.linear_gaussian_decoder(d, p, cfg.min_variance, cfg.quadrature_points)
     if cfg.decoder == "categorical":
         return decoders.CategoricalDecoder(d, p, cfg.levels, cfg.decoder_hidden, act, cfg.temperature)
     if cfg.decoder == "bernoulli":

@@ -214,9 +214,11 @@ class GaussianDecoder(ObservationModel):
                              f"outside it (e.g. {values[bad[0]]})")
 
 
-def linear_gaussian_decoder(latent_dim: int, n_features: int, min_variance: float = 1e-4) -> GaussianDecoder:
+def linear_gaussian_decoder(latent_dim: int, n_features: int, min_variance: float = 1e-4,
+                            quadrature_points: int = 8) -> GaussianDecoder:
     """The PPCA-like decoder: x = W z + b + noise with one variance shared by all features."""
-    return GaussianDecoder(latent_dim, n_features, hidden=(), variance="isotropic", min_variance=min_variance)
+    return GaussianDecoder(latent_dim, n_features, hidden=(), variance="isotropic", min_variance=min_variance,
+                           quadrature_points=quadrature_points)
 
 
 class CategoricalDecoder(ObservationModel):
