@@ -210,8 +210,12 @@ def _parse_ratings(raw: Triples, rating_scale: tuple[int, int]) -> np.ndarray:
 
 def _parse_ids(raw: Triples, values: np.ndarray, kind: str, integer: bool) -> np.ndarray:
     """int64 ids when all are integers; else stripped strings (or an error when ``integer``)."""
-    numbers = _as_float(values)
-    is_int = _is_integer(numbers)
+    parsed = pd.to_numeric(pd.Series(values, dtype=object), errors="coerce")
+    if parsed.dtype.kind == "i":  # all integers that fit int64, read exactly
+        return parsed.to_numpy(dtype=np.int64)
+    numbers = parsed.to_numpy(dtype=np.float64)
+    # beyond 2^53 a float64 no longer tells neighbouring integers apart: such ids stay text
+    is_int = _is_integer(numbers) & (np.abs(numbers) < 2.0 ** 53)
     if is_int.all():
         return numbers.astype(np.int64)
     if integer:

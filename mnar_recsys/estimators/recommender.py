@@ -164,8 +164,9 @@ def make_recommender(name: str, seed: int = 0, train: TrainConfig | None = None,
 
 
 class OracleRecommender:
-    """Predicts a known matrix of expected ratings (the simulator's ``meta["oracle"]``): the floor any
-    model's squared error can reach on the simulator."""
+    """Predicts a known matrix of expected ratings (the simulator's ``meta["oracle"]``): the lowest expected
+    squared error of a prediction that knows the generating model but not the realised ratings. A test
+    cell that is also rated in train repeats that rating, which a model fitting the train can exploit."""
 
     name = "oracle"
 

@@ -35,6 +35,16 @@ def test_tsv_without_header_numeric_ids(tmp_path):
     assert data.train[1, 1] == 5 and data.test[0, 1] == 2
 
 
+def test_large_integer_ids_stay_distinct(tmp_path):
+    """Ids past 2^53 (hashes) are not read through float64, where 2^53 + 1 and 2^53 are one number."""
+    train = write(tmp_path / "train.tsv", "9007199254740993\t1\t3\n9007199254740992\t1\t4\n"
+                                          "18446744073709551615\t2\t5\n18446744073709551614\t2\t2\n")
+    test = write(tmp_path / "test.tsv", "9007199254740993\t2\t1\n")
+    data = load_triples(train, test)
+    assert data.train.shape == (4, 2)
+    assert data.test.nnz == 1 and data.train[data.test.nonzero()[0][0]].toarray()[0, 0] == 3
+
+
 def test_whitespace_separated(tmp_path):
     train = write(tmp_path / "train.txt", "1 1 3\n2  1 4\n")
     test = write(tmp_path / "test.txt", "2 1 1\n")
