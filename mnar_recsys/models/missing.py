@@ -263,6 +263,9 @@ class FixedFunction(MissingModel):
 
     def __init__(self, function: Callable[[torch.Tensor], torch.Tensor]):
         super().__init__()
+        if isinstance(function, nn.Module):
+            raise TypeError("FixedFunction takes a plain function: a module would be registered, and its "
+                            "parameters trained with the model's")
         self.function = function
 
     def feature_logits(self, x: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
