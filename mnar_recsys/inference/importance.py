@@ -75,9 +75,9 @@ def _selection_logits(model: NotMIWAE, x: torch.Tensor, cols: torch.Tensor,
                       offset: torch.Tensor | None) -> torch.Tensor:
     """logit Pr(s_j = 1 | x_j, z_k) at values x (B, K, T, ...): cols (B, T) are the targets' features,
     offset (B, K) the row offsets a(z_k) (None without a row offset)."""
-    extra = x.dim() - 3
-    logits = model.missing_model.feature_logits(x, cols[(slice(None), None, slice(None)) + (None,) * extra])
-    return logits if offset is None else logits + offset[(...,) + (None,) * (1 + extra)]
+    nodes = (None,) * (x.dim() - 3)  # x's axes past (B, K, T), e.g. quadrature nodes
+    logits = model.missing_model.feature_logits(x, cols[:, None, :][(..., *nodes)])
+    return logits if offset is None else logits + offset[(..., None, *nodes)]
 
 
 def _conditional_mean(model: NotMIWAE, params: Params, cols: torch.Tensor, observed: torch.Tensor,
