@@ -66,7 +66,7 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
     standardize: scale features by the observed mean / sd before fitting (imputations are returned in
         the original units either way).
     random_state: seeds initialisation, training and imputation (None: fresh randomness).
-    device: 'auto' (CUDA when available), 'cpu' or 'cuda'; progress: show training progress bars.
+    device: 'auto' (CUDA when available), 'cpu' or 'cuda'; progress: show progress bars (training and imputation).
 
     Attributes: model_ (the trained `NotMIWAE`), history_ (the training `History`), n_features_in_,
     mean_ and scale_ (the fitted standardisation), seed_ (the integer seed actually used).
@@ -158,7 +158,8 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
             return out
         result = importance.impute(self.model_, (X - self.mean_) / self.scale_,
                                    config=importance.ImportanceConfig(n_samples=self.importance_samples,
-                                                                      seed=self.seed_, device=self.device))
+                                                                      seed=self.seed_, device=self.device,
+                                                                      progress=self.progress))
         out[result.rows, result.cols] = result.mean * self.scale_[result.cols] + self.mean_[result.cols]
         return out
 

@@ -324,6 +324,7 @@ def log_likelihood(model: NotMIWAE, data: "np.ndarray | sp.spmatrix | RowSource"
     device = resolve_device(config.device)
     model.to(device).eval()
     out = np.zeros(source.n_rows)
+    bar = tqdm(total=source.n_rows, disable=not config.progress, desc="log-likelihood", mininterval=0.5)
     for start in range(0, source.n_rows, config.row_chunk):
         stop = min(start + config.row_chunk, source.n_rows)
         batch = source.batch(np.arange(start, stop)).to(device)
@@ -331,6 +332,8 @@ def log_likelihood(model: NotMIWAE, data: "np.ndarray | sp.spmatrix | RowSource"
         for samples in _sample_chunks(model, batch, config):
             total = torch.logaddexp(total, torch.logsumexp(samples.terms.log_weights, dim=1))
         out[start:stop] = (total - math.log(config.n_samples)).cpu().numpy()
+        bar.update(stop - start)
+    bar.close()
     return out
 
 

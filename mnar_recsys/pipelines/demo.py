@@ -59,7 +59,7 @@ def run_demo(config: DemoConfig, progress: bool = False) -> dict[str, float]:
         fit(model, observed, TrainConfig(iterations=config.iterations, batch_size=16, n_samples=config.n_samples,
                                          seed=config.seed, progress=progress))
         imputed = impute(model, observed, config=ImportanceConfig(n_samples=config.importance_samples,
-                                                                  seed=config.seed))
+                                                                  seed=config.seed, progress=progress))
         truth = complete[imputed.rows, imputed.cols]
         results[name] = float(np.sqrt(np.mean((imputed.mean - truth) ** 2)))
     results["mean_imputation"] = float(np.sqrt(np.mean(complete[np.isnan(observed)] ** 2)))
@@ -69,13 +69,14 @@ def run_demo(config: DemoConfig, progress: bool = False) -> dict[str, float]:
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("demo", help="synthetic self-masking demo: MIWAE vs not-MIWAE imputation RMSE")
     add_config_options(parser, DemoConfig)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(run=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     config = config_from_options(args, DemoConfig)
     start = time.perf_counter()
-    results = run_demo(config, progress=True)
+    results = run_demo(config, progress=not args.no_progress)
     print(f"imputation RMSE on self-masked entries ({config.n_rows} rows x {config.n_features} features, "
           f"seed {config.seed}, {time.perf_counter() - start:.0f} s):")
     for name, label in (("mean_imputation", "mean imputation"), ("miwae", "MIWAE"),

@@ -115,7 +115,8 @@ def refit_encoder(model: NotMIWAE, complete: np.ndarray, train: TrainConfig) -> 
 
 
 def train_and_score(missing: str, train_images: np.ndarray, masked: np.ndarray, mask: np.ndarray,
-                    test_images: np.ndarray, config: SVHNConfig) -> tuple[dict[str, Any], np.ndarray]:
+                    test_images: np.ndarray, config: SVHNConfig,
+                    progress: bool = False) -> tuple[dict[str, Any], np.ndarray]:
     """Fit one model on the masked training rows; return its scores and the imputed rows."""
     side = train_images.shape[1]
     cfg = model_config(missing, side, config)
@@ -123,16 +124,17 @@ def train_and_score(missing: str, train_images: np.ndarray, masked: np.ndarray, 
     model = build_model(cfg)
     start = time.perf_counter()
     train = TrainConfig(iterations=config.iterations, batch_size=config.batch_size, n_samples=config.n_samples,
-                        lr=config.lr, seed=config.seed, device=config.device, progress=False)
+                        lr=config.lr, seed=config.seed, device=config.device, progress=progress)
     history = fit(model, masked, train)
-    imputation = impute(model, masked, config=ImportanceConfig(n_samples=config.importance_samples,
-                                                              seed=config.seed, device=config.device))
+    imputation = impute(model, masked, config=ImportanceConfig(n_samples=config.importance_samples, seed=config.seed,
+                                                              device=config.device, progress=progress))
     complete = train_images.reshape(len(train_images), -1)
     imputed = masked.copy()
     imputed[imputation.rows, imputation.cols] = imputation.mean
     refit = refit_encoder(model, complete, TrainConfig(**{**asdict(train), "iterations": config.refit_iterations}))
     ll = log_likelihood(refit, test_images.reshape(len(test_images), -1),
-                        ImportanceConfig(n_samples=config.ll_samples, seed=config.seed, device=config.device))
+                        ImportanceConfig(n_samples=config.ll_samples, seed=config.seed, device=config.device,
+                                         progress=progress))
     scores = {"rmse": imputation_rmse(complete, imputed, mask), "test_log_likelihood": float(ll.mean()),
               "fraction_imputed_above_clip": float((imputation.mean > B).mean()),
               "mean_ess": float(imputation.ess.mean()), "seconds": time.perf_counter() - start,
@@ -170,15 +172,16 @@ def grid_figure(rows: dict[str, np.ndarray], n_show: int = 8) -> Figure:
     return figure
 
 
-def run_svhn(config: SVHNConfig, out: Path, data_dir: str | None = None) -> dict[str, Any]:
+def run_svhn(config: SVHNConfig, out: Path, data_dir: str | None = None, progress: bool = False) -> dict[str, Any]:
     """Run the experiment on SVHN (`data_dir`) or the digits stand-in; see `run_clipping`."""
     train_images, test_images, source = load_images(data_dir, config)
-    return run_clipping(train_images, test_images, config, out, source)
+    return run_clipping(train_images, test_images, config, out, source, progress)
 
 
 def run_clipping(train_images: np.ndarray, test_images: np.ndarray, config: SVHNConfig, out: Path,
-                 source: str) -> dict[str, Any]:
-    """Clip, fit both models, score; write results.json / results.md / figures to `out`; return the results."""
+                 source: str, progress: bool = False) -> dict[str, Any]:
+    """Clip, fit both models, score; write results.json / results.md / figures to `out`; return the results.
+    `progress` shows progress bars for training and importance sampling."""
     train_images, test_images = check_images(train_images, "training"), check_images(test_images, "test")
     flat = train_images.reshape(len(train_images), -1)
     mask = clipping_mask(flat, np.random.default_rng(config.seed))
@@ -186,7 +189,8 @@ def run_clipping(train_images: np.ndarray, test_images: np.ndarray, config: SVHN
     results: dict[str, Any] = {"constant-ones": {"rmse": imputation_rmse(flat, np.ones_like(flat), mask)}}
     imputed = {}
     for name, missing in zip(MODELS, ("fixed-logistic", "mcar")):
-        results[name], imputed[name] = train_and_score(missing, train_images, masked, mask, test_images, config)
+        results[name], imputed[name] = train_and_score(missing, train_images, masked, mask, test_images, config,
+                                                       progress)
     missing_entries = mask == 0
     save_figure(histogram_figure(flat[missing_entries], {m: imputed[m][missing_entries] for m in MODELS}),
                 out / "histograms.png")
@@ -224,6 +228,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "--data-dir) or 'svhn' (needs --data-dir)")
     parser.add_argument("--data-dir", default=None, help="folder with train_32x32.mat and test_32x32.mat")
     parser.add_argument("--out", type=Path, default=Path("results/svhn"))
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_config_options(parser, SVHNConfig)
     parser.set_defaults(run=_run)
 
@@ -234,7 +239,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.data == "digits" and args.data_dir is not None:
         raise ValueError("--data digits takes no --data-dir")
     config = config_from_options(args, SVHNConfig)
-    payload = run_svhn(config, args.out, args.data_dir)
+    payload = run_svhn(config, args.out, args.data_dir, progress=not args.no_progress)
     print(results_markdown(payload))
     print(f"wrote {args.out}/results.json, results.md, histograms.png, images.png")
     return 0

@@ -71,15 +71,16 @@ class UCIConfig:
     device: str = "auto"
 
 
-def make_imputer(model: str, config: UCIConfig, seed: int):
-    """A fresh imputer `model` (a NEURAL_MODELS or DENSE_IMPUTERS name) seeded with `seed`."""
+def make_imputer(model: str, config: UCIConfig, seed: int, progress: bool = False):
+    """A fresh imputer `model` (a NEURAL_MODELS or DENSE_IMPUTERS name) seeded with `seed`; `progress`
+    shows the neural imputers' progress bars."""
     if model in NEURAL_MODELS:
         decoder, missing = NEURAL_MODELS[model]
         # standardize=False: the protocol has standardised over the complete data already
         return NotMIWAEImputer(decoder=decoder, missing=missing, missing_sign=-1, n_samples=config.n_samples,
                                iterations=config.iterations, batch_size=config.batch_size,
                                importance_samples=config.importance_samples, standardize=False,
-                               random_state=seed, device=config.device)
+                               random_state=seed, device=config.device, progress=progress)
     imputer = make_dense_imputer(model)
     if "random_state" in imputer.get_params():
         imputer.set_params(random_state=seed)
@@ -94,10 +95,10 @@ def masked_dataset(data: np.ndarray, offset: float) -> tuple[np.ndarray, np.ndar
 
 
 def run_one(dataset: str, model: str, complete: np.ndarray, mask: np.ndarray, masked: np.ndarray, run: int,
-            config: UCIConfig) -> dict[str, Any]:
+            config: UCIConfig, progress: bool = False) -> dict[str, Any]:
     """Fit and score one model on one data set for one run; return its results record."""
     seed = config.seed + run
-    imputer = make_imputer(model, config, seed)
+    imputer = make_imputer(model, config, seed, progress)
     start = time.perf_counter()
     imputed = imputer.fit(masked).transform(masked)
     seconds = time.perf_counter() - start
@@ -137,12 +138,13 @@ def results_markdown(records: list[dict[str, Any]], config: UCIConfig) -> str:
 
 
 def run_uci(datasets: list[str], models: list[str], config: UCIConfig, out: Path,
-            data_dir: str | None = None, jobs: int = 1) -> list[dict[str, Any]]:
+            data_dir: str | None = None, jobs: int = 1, progress: bool = False) -> list[dict[str, Any]]:
     """Run every (data set, model, run), rewriting results.json after each so a long run can be followed.
 
     With `jobs` > 1 the runs go to that many worker processes of one thread each (a run of 16-row
     batches gains little from a second thread, and much from a second core). A run's seeds do not depend
     on where it runs; its numbers may still differ from a one-process run in the last bits of rounding.
+    `progress` shows each run's progress bars in a one-process run (workers' bars would overwrite each other).
     """
     unknown = sorted(set(models) - set(MODELS))
     if unknown:
@@ -156,7 +158,7 @@ def run_uci(datasets: list[str], models: list[str], config: UCIConfig, out: Path
     tasks = [(name, model, run) for name in data for model in models for run in range(config.runs)]
     order = {task: position for position, task in enumerate(tasks)}
     records: list[dict[str, Any]] = []
-    for record in _run_tasks(tasks, data, config, jobs):
+    for record in _run_tasks(tasks, data, config, jobs, progress):
         records.append(record)
         print(f"{record['dataset']:9s} {record['model']:34s} run {record['run']}: RMSE {record['rmse']:.3f} "
               f"({record['seconds']:.0f} s)", flush=True)
@@ -167,11 +169,11 @@ def run_uci(datasets: list[str], models: list[str], config: UCIConfig, out: Path
 
 
 def _run_tasks(tasks: list[tuple[str, str, int]], data: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
-               config: UCIConfig, jobs: int):
+               config: UCIConfig, jobs: int, progress: bool):
     """Yield the tasks' records: in order in this process, or as they finish in `jobs` workers."""
     if jobs == 1:
         for name, model, run in tasks:
-            yield run_one(name, model, *data[name], run, config)
+            yield run_one(name, model, *data[name], run, config, progress)
         return
     pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
                                initializer=torch.set_num_threads, initargs=(1,))
@@ -194,6 +196,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", type=Path, default=Path("results/uci"))
     parser.add_argument("--jobs", type=int, default=1,
                         help="worker processes, one thread each, that share the runs out (default 1: all here)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_config_options(parser, UCIConfig)
     parser.set_defaults(run=_run)
 
@@ -201,7 +204,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     config = config_from_options(args, UCIConfig)
     datasets = list(UCI_DATASETS) if args.dataset == "all" else [args.dataset]
-    records = run_uci(datasets, args.models, config, args.out, args.data_dir, jobs=args.jobs)
+    records = run_uci(datasets, args.models, config, args.out, args.data_dir, jobs=args.jobs,
+                      progress=not args.no_progress)
     print(results_markdown(records, config))
     print(f"wrote {args.out / 'results.json'} and {args.out / 'results.md'}")
     return 0

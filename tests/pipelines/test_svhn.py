@@ -30,6 +30,17 @@ def test_true_clipping_model_imputes_bright_pixels(tmp_path):
     assert "not-MIWAE" in (tmp_path / "results.md").read_text()
 
 
+def test_cli_shows_progress_bars_unless_told_not_to(tmp_path, capsys):
+    arguments = ["svhn", "--iterations", "2", "--refit-iterations", "1", "--importance-samples", "2",
+                 "--ll-samples", "2", "--n-train", "40", "--n-test", "8", "--conv-channels", "2,2,2"]
+    assert main([*arguments, "--out", str(tmp_path / "bars")]) == 0
+    err = capsys.readouterr().err
+    assert all(bar in err for bar in ("training", "imputing", "log-likelihood"))
+    assert main([*arguments, "--no-progress", "--out", str(tmp_path / "quiet")]) == 0
+    err = capsys.readouterr().err
+    assert not any(bar in err for bar in ("training", "imputing", "log-likelihood"))
+
+
 def test_bad_inputs(tmp_path, capsys):
     with pytest.raises(ValueError, match=r"shape \(N, side, side\).*got \(3, 28, 28\)"):
         check_images(np.zeros((3, 28, 28)), "training")

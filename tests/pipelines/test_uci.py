@@ -50,6 +50,18 @@ def test_worker_processes_give_the_records_of_a_one_process_run(tmp_path, monkey
     assert one[0]["rmse"] != one[1]["rmse"]  # the runs differ by seed, so the comparison above has teeth
 
 
+def test_one_process_runs_show_progress_bars_unless_told_not_to(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("MNAR_RECSYS_UCI_DIR", raising=False)
+    arguments = ["uci", "--dataset", "breast", "--models", "notmiwae-ppca-self-masking-known", "--runs", "1",
+                 "--iterations", "5", "--importance-samples", "10"]
+    assert main([*arguments, "--out", str(tmp_path / "bars")]) == 0
+    err = capsys.readouterr().err
+    assert "training" in err and "imputing" in err
+    assert main([*arguments, "--no-progress", "--out", str(tmp_path / "quiet")]) == 0
+    err = capsys.readouterr().err
+    assert "training" not in err and "imputing" not in err
+
+
 def test_jobs_below_one_are_an_error(tmp_path, capsys):
     assert main(["uci", "--dataset", "breast", "--models", "mean", "--jobs", "0", "--out", str(tmp_path)]) == 2
     assert "jobs must be at least 1" in capsys.readouterr().err
