@@ -116,6 +116,7 @@ def test_dense_layers_start_as_in_the_reference_code(self_masked):
         weight = layer.weight.detach().abs()
         assert weight.max() <= limit + 1e-6 and weight.max() > 0.9 * limit
         if layer is model.decoder.var_head:
-            assert torch.allclose(torch.nn.functional.softplus(layer.bias.detach()), torch.ones_like(layer.bias), atol=1e-3)
+            variance = torch.nn.functional.softplus(layer.bias.detach())
+            assert torch.allclose(variance, torch.ones_like(variance), atol=1e-3)
         else:
             assert layer.bias.detach().abs().max() < 1e-6
