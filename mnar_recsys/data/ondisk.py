@@ -25,7 +25,7 @@ import scipy.sparse as sp
 from mnar_recsys.evaluation.reports import atomic_directory
 
 from .rows import RowBatch, RowSource, _check_csr, batch_from_csr
-from .triples import Triples, _as_float, _is_integer, _parse_ids, _parse_ratings, _show, check_rating_scale, \
+from .triples import Triples, _integer_ids, _parse_ids, _parse_ratings, _show, _text_ids, check_rating_scale, \
     file_layout, split_lines
 
 FORMAT = "mnar-recsys-csr"
@@ -174,11 +174,9 @@ class _Tally:
         tokens = np.fromiter(self.number, dtype=object, count=len(self.number))
         self.index = pd.Index(tokens)  # looks up a whole chunk at C speed
         del self.number
-        numbers = _as_float(tokens)
-        if _is_integer(numbers).all():
-            keys = numbers.astype(np.int64)
-        else:
-            keys = pd.Series(tokens, dtype=object).astype(str).str.strip().to_numpy(dtype=object)
+        keys, _ = _integer_ids(tokens)
+        if keys is None:
+            keys = _text_ids(tokens)
         ids, self.position = np.unique(keys, return_inverse=True)
         self.id_counts = np.zeros(len(ids), dtype=np.int64)
         np.add.at(self.id_counts, self.position, self.counts)

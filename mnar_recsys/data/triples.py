@@ -208,16 +208,26 @@ def _parse_ratings(raw: Triples, rating_scale: tuple[int, int]) -> np.ndarray:
     return numbers.astype(np.int64)
 
 
-def _parse_ids(raw: Triples, values: np.ndarray, kind: str, integer: bool) -> np.ndarray:
-    """int64 ids when all are integers; else stripped strings (or an error when ``integer``)."""
+def _integer_ids(values: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+    """(int64 ids if every value is an integer held exactly, else None; which values are such integers)."""
     parsed = pd.to_numeric(pd.Series(values, dtype=object), errors="coerce")
     if parsed.dtype.kind == "i":  # all integers that fit int64, read exactly
-        return parsed.to_numpy(dtype=np.int64)
+        return parsed.to_numpy(dtype=np.int64), np.ones(len(values), dtype=bool)
     numbers = parsed.to_numpy(dtype=np.float64)
     # beyond 2^53 a float64 no longer tells neighbouring integers apart: such ids stay text
     is_int = _is_integer(numbers) & (np.abs(numbers) < 2.0 ** 53)
-    if is_int.all():
-        return numbers.astype(np.int64)
+    return (numbers.astype(np.int64) if is_int.all() else None), is_int
+
+
+def _text_ids(values: np.ndarray) -> np.ndarray:
+    return pd.Series(values, dtype=object).astype(str).str.strip().to_numpy(dtype=object)
+
+
+def _parse_ids(raw: Triples, values: np.ndarray, kind: str, integer: bool) -> np.ndarray:
+    """int64 ids when all are integers; else stripped strings (or an error when ``integer``)."""
+    ids, is_int = _integer_ids(values)
+    if ids is not None:
+        return ids
     if integer:
         k = np.flatnonzero(~is_int)[0]
         raise raw.error(k, f"{kind} id {_show(values[k])} is not an integer")
@@ -225,7 +235,7 @@ def _parse_ids(raw: Triples, values: np.ndarray, kind: str, integer: bool) -> np
     missing = np.flatnonzero(text.isna().to_numpy() | (text.astype(str).str.strip() == "").to_numpy())
     if len(missing):
         raise raw.error(missing[0], f"{kind} id is missing")
-    return text.astype(str).str.strip().to_numpy(dtype=object)
+    return _text_ids(values)
 
 
 def _check_unique_pairs(t: Triples) -> None:

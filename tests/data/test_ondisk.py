@@ -91,6 +91,7 @@ def test_converter_matches_the_triples_loader(tmp_path):
 @pytest.mark.parametrize("text", [
     "10 7 3\n2  7 1\n10 30 5\n",     # whitespace, integer ids sort numerically
     "007\tx\t3\n7\ty\t1\nz\tx\t5\n",  # a non-integer id: every id stays the string it was written as
+    "9007199254740993\t1\t3\n9007199254740992\t1\t4\n18446744073709551615\t2\t5\n",  # past 2^53 and int64
 ])
 def test_converter_ids_as_the_loader_makes_them(tmp_path, text):
     source = write(tmp_path / "r.txt", text)
