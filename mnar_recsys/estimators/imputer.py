@@ -166,7 +166,5 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
     def mask_accuracy(self, X_complete, mask) -> float:
         """Accuracy of the learnt missing model's predicted mask (1 = observed) on fully observed rows."""
         check_is_fitted(self)
-        if self.model_.missing_model.is_mcar:
-            raise ValueError("the MIWAE (missing='mcar') has no missing model to predict masks with")
         X = self._validate(X_complete, reset=False)
         return importance.mask_accuracy(self.model_, (X - self.mean_) / self.scale_, mask)

@@ -85,8 +85,10 @@ def _conditional_mean(model: NotMIWAE, params: Params, cols: torch.Tensor, obser
     """E[x_j | z_k, s_j] for target entries, (B, K, T).
 
     With the integrated missing factor this is the decoder's distribution tilted by Pr(s_j | x_j, z_k) on
-    the same quadrature nodes, the exact per-feature posterior given z_k; otherwise the decoder mean
-    (Rao-Blackwellised as in the paper, the weights carrying the sampled x_m).
+    the same quadrature nodes, the exact per-feature posterior given z_k; otherwise the decoder mean, as
+    the paper's code does. With x_m sampled that estimate ignores what s says about x_m within each z_k
+    (the weights select z_k, not x_m); averaging the drawn x_m,k instead would be consistent, but noisier,
+    and on clipped images worse (README, Known limits).
     """
     if not _tilt_applies(model):
         return model.decoder.mean(params)
@@ -346,6 +348,8 @@ def mask_accuracy(model: NotMIWAE, complete: np.ndarray, mask: np.ndarray) -> fl
         raise ValueError(f"complete data {complete.shape} and mask {mask.shape} must have one shape")
     if not np.isfinite(complete).all():
         raise ValueError("mask accuracy needs fully observed rows: the data holds NaN or inf")
+    if model.missing_model.is_mcar:
+        raise ValueError("the MIWAE (MCAR missing model) has no missing model to predict masks with")
     if model.row_offset is not None:
         raise ValueError("mask accuracy scores Pr(s=1|x) alone; a model with a row offset also needs each row's z")
     parameter = next(model.missing_model.parameters(), None)

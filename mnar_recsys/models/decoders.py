@@ -59,8 +59,11 @@ def linear_at_entries(head: nn.Linear, h: torch.Tensor, rows: torch.Tensor, unit
 class ObservationModel(nn.Module):
     """Common interface; subclasses implement the distribution-specific parts.
 
-    Discrete models also hold a buffer `support`, their sorted levels.
+    Discrete models also hold a buffer `support`, their sorted levels. `integrable` models have
+    `quadrature` nodes, over which x_m can be integrated out of a per-feature missing model.
     """
+
+    integrable: bool = False
 
     def forward_entries(self, z: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> Params:
         """The parameters at entries (rows[n], cols[n]) for z of shape (B, K, d): each tensor (n, K, ...).
@@ -107,6 +110,8 @@ class GaussianDecoder(ObservationModel):
     'isotropic' (one for all features, the PPCA-like decoder). The variance never goes below
     `min_variance`. `mean_net`, when given, replaces the dense trunk and mean head (e.g. a conv net).
     """
+
+    integrable = True
 
     def __init__(self, latent_dim: int, n_features: int, hidden: tuple[int, ...] = (128, 128),
                  activation: type[nn.Module] = nn.Tanh, squash: tuple[float, float] | None = None,
@@ -228,6 +233,8 @@ class CategoricalDecoder(ObservationModel):
     which is what the missing model sees.
     """
 
+    integrable = True
+
     def __init__(self, latent_dim: int, n_features: int, levels: tuple[int, int] = (1, 5),
                  hidden: tuple[int, ...] = (), activation: type[nn.Module] = nn.Tanh, temperature: float = 0.5):
         super().__init__()
@@ -289,6 +296,8 @@ class CategoricalDecoder(ObservationModel):
 
 class BernoulliDecoder(ObservationModel):
     """Bernoulli p(x_j | z) on {0, 1}; samples are binary-concrete relaxations at `temperature`."""
+
+    integrable = True
 
     def __init__(self, latent_dim: int, n_features: int, hidden: tuple[int, ...] = (128, 128),
                  activation: type[nn.Module] = nn.Tanh, temperature: float = 0.5):

@@ -1,6 +1,7 @@
 """Missing models p(s | x): Bernoulli masks whose logits are a function of the completed row.
 
-`log_prob(x, mask)` scores a mask (1 = observed) given completed rows x of shape (..., p).
+`logits(x)` gives logit Pr(s_j = 1 | x) for completed rows x of shape (..., p); `bernoulli_log_prob`
+scores a mask (1 = observed) with them.
 Per-feature models (`per_feature = True`) compute logit_j from x_j alone through
 `feature_logits(x, features)`, elementwise with `features` giving each value's feature index; that is
 what lets the model integrate x_m out feature by feature. Those marked `affine` have logits affine in
@@ -51,9 +52,6 @@ class MissingModel(nn.Module):
         """(slope, intercept) with logit_j = slope_j x_j + intercept_j, for the given feature indices."""
         raise NotImplementedError(f"{type(self).__name__} has no per-feature affine logit")
 
-    def log_prob(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return bernoulli_log_prob(self.logits(x), mask)
-
     def initialise(self, observed_fraction: np.ndarray, center: float) -> None:
         """Start the biases at each feature's observed fraction (at values near `center`)."""
 
@@ -62,9 +60,6 @@ class MCAR(MissingModel):
     """p(s | x) = p(s): the factor does not involve θ, so it is dropped and the bound is the MIWAE's."""
 
     is_mcar = True
-
-    def log_prob(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return x.new_zeros(x.shape[:-1])
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError("the MCAR model has no logits: the MIWAE ignores the mask")

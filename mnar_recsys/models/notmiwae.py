@@ -64,6 +64,9 @@ class NotMIWAE(nn.Module):
         if missing_factor == "integrated" and not (missing_model.per_feature or missing_model.is_mcar):
             raise ValueError(f"{type(missing_model).__name__} couples features, so x_m cannot be integrated out "
                              "feature by feature: use missing_factor='sampled'")
+        if missing_factor == "integrated" and not (decoder.integrable or missing_model.is_mcar):
+            raise ValueError(f"{type(decoder).__name__} has no quadrature nodes to integrate x_m out over: "
+                             "use missing_factor='sampled'")
         _check_unobserved_samples(unobserved_samples, missing_model)
         if row_offset is not None and missing_model.is_mcar:
             raise ValueError("a row offset shifts the missing model's logits: the MCAR model has none")
@@ -150,10 +153,8 @@ class NotMIWAE(nn.Module):
             return params[0].new_zeros(params[0].shape[:2])
         mask = batch.mask[:, None]
         if self.missing_factor == "sampled":
-            completed = torch.where(mask > 0, batch.values[:, None], self.decoder.rsample(params))
-            if offset is None:
-                return model.log_prob(completed, mask)
-            return bernoulli_log_prob(model.logits(completed) + offset[..., None], mask)
+            logits = model.logits(torch.where(mask > 0, batch.values[:, None], self.decoder.rsample(params)))
+            return bernoulli_log_prob(logits if offset is None else logits + offset[..., None], mask)
         log_p_missing = self.log_prob_missing(params, offset=None if offset is None else offset[..., None])
         return self._log_ps_observed(batch, offset) + ((1 - mask) * log_p_missing).sum(-1)
 

@@ -120,3 +120,20 @@ def test_dense_layers_start_as_in_the_reference_code(self_masked):
             assert torch.allclose(variance, torch.ones_like(variance), atol=1e-3)
         else:
             assert layer.bias.detach().abs().max() < 1e-6
+
+
+def test_agnostic_missing_model_learns_the_mask_and_imputes(self_masked):
+    """The agnostic missing model (logits linear in the whole completed row, x_m sampled) learns which entries
+    go missing from the rows alone and imputes the missing entries better than the observed means."""
+    X, mask, Xm = self_masked
+    imputer = NotMIWAEImputer(**{**SHORT, "iterations": 400, "missing": "agnostic"}).fit(Xm)
+    assert imputer.model_config(6).missing_factor == "sampled"
+    accuracy = imputer.mask_accuracy(X, mask)
+    imputed = imputer.transform(Xm)
+    missing = mask == 0
+    rmse = np.sqrt(((imputed - X)[missing] ** 2).mean())
+    mean_rmse = np.sqrt(((np.nanmean(Xm, axis=0) - X)[missing] ** 2).mean())
+    print(f"agnostic: mask accuracy {accuracy:.3f} (all-observed {mask.mean():.3f}), RMSE {rmse:.3f} vs mean "
+          f"{mean_rmse:.3f}")
+    assert accuracy > mask.mean() + 0.05
+    assert rmse < mean_rmse - 0.2

@@ -180,3 +180,12 @@ def test_integrated_bound_is_tighter_and_its_weights_less_noisy():
     assert gain.mean() > -3 * gain.std() / math.sqrt(repeats)
     assert stats["integrated"][1] > stats["sampled"][1]
     assert stats["integrated"][2] < stats["sampled"][2]
+
+
+def test_integrating_is_refused_for_a_decoder_without_quadrature_nodes():
+    """The Student-t decoder has no nodes: asking it to integrate x_m out fails when the model is built, not at
+    its first training step; the MIWAE, which has no missing factor, and sampling x_m are fine."""
+    with pytest.raises(ValueError, match="StudentTDecoder has no quadrature nodes"):
+        build_model(ModelConfig(n_features=5, decoder="student-t", missing="self-masking"))
+    build_model(ModelConfig(n_features=5, decoder="student-t", missing="mcar"))
+    build_model(ModelConfig(n_features=5, decoder="student-t", missing="self-masking", missing_factor="sampled"))

@@ -11,6 +11,8 @@ import pytest
 
 from mnar_recsys.cli import main
 from mnar_recsys.data import load_coat
+from mnar_recsys.data.files import ChecksumWarning
+from mnar_recsys.data.yahoo import TEST_FILE as YAHOO_TEST, TRAIN_FILE as YAHOO_TRAIN
 from mnar_recsys.evaluation.protocol import fit_and_score, mcar_split
 from mnar_recsys.pipelines.ratings import RatingsRun, build, load_data
 
@@ -52,14 +54,16 @@ def test_cli_refuses_bad_requests(tmp_path, capsys):
 
 
 def test_every_model_predicts_on_the_data_sets_rating_scale():
-    """A data set rated 0..10 sets every model's rating scale (to which it clips predictions), not the default 1..5."""
+    """A data set rated 0..10 (the simulator's ratings doubled) sets every model's rating scale: the
+    predictions stay within 0..10 and reach past 5, the top of the default scale."""
     data = load_data(RatingsRun(users=200, items=40))
-    data = dataclasses.replace(data, rating_scale=(0.0, 10.0))
-    run = RatingsRun(users=200, items=40, iterations=5, importance_samples=5)
-    for name in ("notmiwae-gaussian", "mf", "pmf", "mf-ips", "mf-ips-mask", "constant-2", "train-mean"):
-        model = build(name, run, data, seed=0, progress=False)
-        scale = model.config.rating_scale if hasattr(model, "config") else model.rating_scale
-        assert tuple(scale) == (0.0, 10.0), name
+    data = dataclasses.replace(data, train=data.train * 2, test=data.test * 2, rating_scale=(0, 10), truth=None)
+    split = mcar_split(data, seed=0)
+    run = RatingsRun(users=200, items=40, iterations=30, lr=1e-2, importance_samples=20)
+    for name in ("notmiwae-gaussian", "notmiwae-categorical", "mf", "pmf", "mf-ips", "mf-ips-mask"):
+        _, predictions = fit_and_score(build(name, run, data, seed=0, progress=False), split)
+        assert predictions.min() >= 0 and predictions.max() <= 10, name
+        assert predictions.max() > 5.5, (name, predictions.max())
 
 
 def test_selection_reaches_the_simulator():
@@ -129,3 +133,33 @@ def test_cli_unobserved_samples_is_recorded(tmp_path):
     assert record["config"]["model"]["model"]["unobserved_samples"] == 7
     assert "7 unobserved items per user" in (out / "results.md").read_text()
     assert main(["ratings", "--unobserved-samples", "0", "--out", str(tmp_path)]) == 2
+
+
+def _write_yahoo_format(directory: Path, data) -> None:
+    """Write `data`'s train and test in the published Yahoo! R3 format: user<TAB>song<TAB>rating, 1-based
+    ids, CRLF line ends."""
+    for name, matrix in ((YAHOO_TRAIN, data.train), (YAHOO_TEST, data.test)):
+        coo = matrix.tocoo()
+        lines = (f"{u + 1}\t{i + 1}\t{int(r)}\r\n" for u, i, r in zip(coo.row, coo.col, coo.data))
+        (directory / name).write_bytes("".join(lines).encode())
+
+
+def test_cli_runs_the_comparison_on_yahoo_files(tmp_path, capsys):
+    """`mnar-recsys ratings --data yahoo --data-dir DIR` on files in the real format (simulated ratings) is all
+    it takes: every model is scored on the same MCAR entries, those outside MF-IPS's 5% sample."""
+    data = load_data(RatingsRun(users=200, items=40, test_users=80))
+    files = tmp_path / "yahoo"
+    files.mkdir()
+    _write_yahoo_format(files, data)
+    out = tmp_path / "run"
+    with pytest.warns(ChecksumWarning):
+        code = main(["ratings", "--data", "yahoo", "--data-dir", str(files), "--models", "notmiwae-gaussian,mf,mf-ips",
+                     "--iterations", "20", "--importance-samples", "20", "--seeds", "0", "--out", str(out),
+                     "--no-progress"])
+    assert code == 0
+    records = json.loads((out / "results.json").read_text())["records"]
+    assert [r["model"] for r in records] == ["notmiwae-gaussian", "mf", "mf-ips"]
+    expected = data.test.nnz - mcar_split(data, seed=0).mcar_sample.nnz
+    assert {r["n_test"] for r in records} == {expected}
+    assert all(r["config"]["run"]["data"] == "yahoo" for r in records)
+    assert "| mf-ips | 1 |" in capsys.readouterr().out

@@ -1,14 +1,18 @@
 """The UCI pipeline: results files on Breast (scikit-learn's copy), and the paper's effect on real files."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from mnar_recsys.cli import main
-from mnar_recsys.data.uci import expected_file
+from mnar_recsys.data.uci import UCI_DATASETS, expected_file
 
-UCI_DIR = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "uci"
+# the shared data folder beside the project root; $MNAR_RECSYS_UCI_DIR overrides (e.g. from a worktree)
+UCI_DIR = Path(
+    os.environ.get("MNAR_RECSYS_UCI_DIR") or Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "uci"
+)
 
 
 def _records(out: Path) -> list[dict]:
@@ -72,12 +76,19 @@ def test_unknown_dataset_files_are_an_error(tmp_path, capsys):
     assert expected_file("yeast") in capsys.readouterr().err
 
 
-@pytest.mark.skipif(not (UCI_DIR / expected_file("banknote")).is_file(), reason=f"UCI files absent from {UCI_DIR}")
-def test_banknote_not_miwae_beats_miwae_and_mean(tmp_path):
-    # 500 iterations (of the paper's 100k): measured RMSE 1.11 / 1.36 / 1.73 (not-MIWAE / MIWAE / mean)
-    models = ["notmiwae-self-masking-known", "miwae", "mean"]
-    assert main(["uci", "--dataset", "banknote", "--data-dir", str(UCI_DIR), "--models", *models, "--runs", "1",
-                 "--iterations", "500", "--importance-samples", "200", "--out", str(tmp_path)]) == 0
-    rmse = {r["model"]: r["rmse"] for r in _records(tmp_path)}
-    assert rmse["notmiwae-self-masking-known"] < rmse["miwae"] - 0.1
-    assert rmse["notmiwae-self-masking-known"] < rmse["mean"] - 0.3
+@pytest.mark.slow
+@pytest.mark.skipif(not all((UCI_DIR / expected_file(name)).is_file() for name in UCI_DATASETS),
+                    reason=f"UCI files absent from {UCI_DIR}")
+def test_the_papers_ordering_holds_on_all_six_sets(tmp_path):
+    """Issue 4's bar at 500 of the paper's 100k iterations (K_pred 200). Measured RMSE, Banknote / Concrete /
+    Red / White / Yeast / Breast: not-MIWAE self-masking known 1.12 / 1.59 / 1.42 / 1.42 / 1.43 / 0.93,
+    MIWAE 1.35 / 1.70 / 1.70 / 1.66 / 1.66 / 1.30, mean 1.73 / 1.85 / 1.84 / 1.74 / 1.73 / 1.82; PPCA-like
+    not-MIWAE self-masking 0.91 / 1.25 / 1.39 / 1.33 / 1.29 / 0.91, PPCA 1.39 / 1.69 / 1.62 / 1.51 / 1.72 / 1.32."""
+    models = ["notmiwae-self-masking-known", "miwae", "mean", "notmiwae-ppca-self-masking", "ppca"]
+    assert main(["uci", "--dataset", "all", "--data-dir", str(UCI_DIR), "--models", *models, "--runs", "1",
+                 "--iterations", "500", "--importance-samples", "200", "--out", str(tmp_path), "--no-progress"]) == 0
+    rmse = {(r["dataset"], r["model"]): r["rmse"] for r in _records(tmp_path)}
+    for name in UCI_DATASETS:
+        assert rmse[name, "notmiwae-self-masking-known"] < rmse[name, "miwae"] - 0.05, name
+        assert rmse[name, "notmiwae-self-masking-known"] < rmse[name, "mean"] - 0.2, name
+        assert rmse[name, "notmiwae-ppca-self-masking"] < rmse[name, "ppca"] - 0.1, name

@@ -6,7 +6,7 @@ import torch
 
 from mnar_recsys.data.rows import as_rows
 from mnar_recsys.models.config import ModelConfig, build_model
-from mnar_recsys.training import checkpoint
+from mnar_recsys.training import checkpoint, trainer
 from mnar_recsys.training.trainer import TrainConfig, fit
 
 CONFIG = ModelConfig(n_features=8, latent_dim=3, embedding_dim=4, code_dim=8, missing="itemwise")
@@ -74,16 +74,29 @@ def test_checkpoint_round_trip_gives_identical_bounds(ratings, tmp_path):
     assert mean_bound(loaded, ratings, seed=5) == mean_bound(model, ratings, seed=5)
 
 
-def test_validation_keeps_the_parameters_with_the_best_held_out_bound(ratings):
+def test_validation_keeps_the_parameters_with_the_best_held_out_bound(ratings, monkeypatch):
     """With rows held out, fit checks their bound every `validation_every` steps and ends with the
-    parameters of the best check."""
-    torch.manual_seed(0)
-    model = build_model(CONFIG)
+    parameters of the best check: told that the first check was the best, it returns the parameters of
+    a run stopped there."""
     config = TrainConfig(iterations=120, batch_size=TRAIN.batch_size, n_samples=TRAIN.n_samples, seed=0,
                          progress=False, validation_fraction=0.25, validation_every=40)
+    torch.manual_seed(0)
+    honest = fit(build_model(CONFIG), ratings, config)
+    assert [i for i, _ in honest.validation] == [40, 80, 120]
+    assert honest.best_iteration == max(honest.validation, key=lambda entry: entry[1])[0]
+
+    held_out = {40: -1.0, 80: -5.0, 120: -3.0}
+    real_bound = trainer._mean_bound
+    # the real bound still runs (it draws from the seeded streams); its value is replaced, by iteration
+    monkeypatch.setattr(trainer, "_mean_bound", lambda *args: real_bound(*args) * 0 + held_out[args[-1]])
+    torch.manual_seed(0)
+    model = build_model(CONFIG)
     history = fit(model, ratings, config)
-    assert [i for i, _ in history.validation] == [40, 80, 120]
-    best = max(history.validation, key=lambda entry: entry[1])
-    assert history.best_iteration == best[0]
+    assert history.validation == [(40, -1.0), (80, -5.0), (120, -3.0)] and history.best_iteration == 40
+    torch.manual_seed(0)
+    stopped = build_model(CONFIG)
+    fit(stopped, ratings, TrainConfig(**{**config.to_dict(), "iterations": 40}))
+    for (name, a), b in zip(model.state_dict().items(), stopped.state_dict().values()):
+        assert torch.equal(a, b), name
     with pytest.raises(ValueError, match="validation_fraction"):
         TrainConfig(validation_fraction=1.0)
