@@ -22,10 +22,6 @@ class BoundTerms:
         """log w_k = log p(x_o|z_k) + log p(s|x_o, x_m,k) + log p(z_k) - log q(z_k|x_o)."""
         return self.log_px_obs + self.log_ps + self.log_pz - self.log_qz
 
-    def means(self) -> dict[str, float]:
-        """Each term averaged over rows and samples, for logging."""
-        return {name: float(getattr(self, name).mean()) for name in ("log_px_obs", "log_ps", "log_pz", "log_qz")}
-
 
 def importance_weighted_bound(log_weights: torch.Tensor) -> torch.Tensor:
     """L_K per row: log (1/K) Σ_k w_k, with logsumexp over the last axis."""

@@ -27,7 +27,9 @@ class ModelConfig:
     decoder: 'gaussian' (`decoder_hidden` layers, mean squashed to `squash` when given, `variance`
         'shared' / 'per_row' / 'isotropic'), 'linear' (PPCA-like), 'categorical' over `levels` with
         Gumbel-Softmax at `temperature`, 'bernoulli', 'student-t', 'conv-gaussian' (images).
-    missing: 'mcar' (the MIWAE), 'self-masking', 'self-masking-known' (direction `missing_sign`),
+    missing: 'mcar' (the MIWAE), 'self-masking', 'self-masking-known' (direction `missing_sign`: +1, the
+        default, when larger values are more often observed, as ratings users chose to give; -1 when
+        they go missing, as in the UCI protocol),
         'itemwise' (one shared weight, per-item biases; sign-constrained unless `missing_sign` is None),
         'levelwise' (a free logit per rating level in `levels`, interpolated between them, per-item biases),
         'agnostic', 'nonlinear', 'fixed-logistic' (`fixed_weight` · (x - `fixed_offset`)).
@@ -73,6 +75,9 @@ class ModelConfig:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.n_features < 1 or self.latent_dim < 1:
             raise ValueError(f"n_features and latent_dim must be positive, got {self.n_features}, {self.latent_dim}")
+        if self.missing == "self-masking-known" and self.missing_sign not in (-1, 1):
+            raise ValueError(f"self-masking-known needs missing_sign -1 (large values go missing) or +1 (large "
+                             f"values are observed), got {self.missing_sign!r}")
         if self.unobserved_samples is not None and self.unobserved_samples < 1:
             raise ValueError(f"unobserved_samples must be None or at least 1, got {self.unobserved_samples}")
         # JSON round trips turn tuples into lists
@@ -119,7 +124,7 @@ def build_missing_model(cfg: ModelConfig) -> missing.MissingModel:
     if cfg.missing == "self-masking":
         return missing.SelfMasking(p)
     if cfg.missing == "self-masking-known":
-        return missing.SelfMaskingKnownSign(p, sign=cfg.missing_sign or -1)
+        return missing.SelfMaskingKnownSign(p, sign=cfg.missing_sign)
     if cfg.missing == "itemwise":
         return missing.ItemwiseLogistic(p, sign=cfg.missing_sign)
     if cfg.missing == "levelwise":

@@ -36,9 +36,10 @@ _BLOCK_ENTRIES = 2 ** 18  # entries per block of rows on a CPU: the loop's five 
 
 
 def _row_blocks(shape: torch.Size) -> list[slice]:
-    """Slices of the leading axis holding about _BLOCK_ENTRIES entries each (one block for scalars)."""
+    """Slices of the leading axis holding about _BLOCK_ENTRIES entries each; one block, `...`, for a scalar
+    or an empty tensor."""
     if len(shape) == 0 or shape[0] == 0:
-        return [slice(None)]
+        return [...]
     per_row = max(1, math.prod(shape[1:]))
     step = max(1, _BLOCK_ENTRIES // per_row)
     return [slice(start, start + step) for start in range(0, shape[0], step)]

@@ -33,3 +33,13 @@ def test_a_fixed_function_gives_the_bound_of_the_same_fixed_logistic(missing_fac
 def test_a_fixed_function_refuses_a_module():
     with pytest.raises(TypeError, match="plain function"):
         missing.FixedFunction(nn.Linear(1, 1))
+
+
+def test_self_masking_known_needs_a_direction():
+    """The known sign is the model's one piece of prior knowledge: None (no sign) is refused, not read as -1."""
+    with pytest.raises(ValueError, match="missing_sign -1"):
+        ModelConfig(n_features=3, missing="self-masking-known", missing_sign=None)
+    for sign in (-1, 1):
+        model = build_model(ModelConfig(n_features=3, missing="self-masking-known", missing_sign=sign))
+        slope, _ = model.missing_model.feature_affine(torch.arange(3))
+        assert (torch.sign(slope) == sign).all()

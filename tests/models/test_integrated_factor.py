@@ -189,3 +189,15 @@ def test_integrating_is_refused_for_a_decoder_without_quadrature_nodes():
         build_model(ModelConfig(n_features=5, decoder="student-t", missing="self-masking"))
     build_model(ModelConfig(n_features=5, decoder="student-t", missing="mcar"))
     build_model(ModelConfig(n_features=5, decoder="student-t", missing="self-masking", missing_factor="sampled"))
+
+
+def test_the_gaussian_kernel_takes_a_scalar_and_an_empty_tensor():
+    """A 0-d mean is one block, not a slice of a leading axis it does not have; an empty one stays empty."""
+    scalar = torch.tensor(0.3, requires_grad=True)
+    value = log_expected_sigmoid(scalar, torch.tensor(1.0))
+    value.backward()
+    one = torch.tensor([0.3], requires_grad=True)
+    log_expected_sigmoid(one, torch.tensor([1.0])).sum().backward()
+    assert value.shape == () and torch.allclose(value, log_expected_sigmoid(one, torch.tensor([1.0]))[0])
+    assert torch.allclose(scalar.grad, one.grad[0])
+    assert log_expected_sigmoid(torch.zeros(0, 3), torch.ones(3)).shape == (0, 3)
