@@ -42,6 +42,13 @@ def test_variants_set_the_paper_choices():
     gaussian = model_config("notmiwae-gaussian")
     assert (gaussian.decoder, gaussian.missing, gaussian.missing_sign, gaussian.missing_factor) == (
         "gaussian", "itemwise", 1, "integrated")
+    # the paper's Yahoo! R3 setup: set encoder (embedding 20, code 50), latent 30, ReLU, shared variances,
+    # mean squashed to the scale, Gumbel-Softmax at 0.5; K = 20, batch 100, 10k iterations
+    assert (gaussian.encoder, gaussian.embedding_dim, gaussian.code_dim, gaussian.latent_dim, gaussian.activation,
+            gaussian.variance, gaussian.squash, gaussian.temperature) == ("set", 20, 50, 30, "relu", "shared",
+                                                                          (1.0, 5.0), 0.5)
+    train = make_recommender("notmiwae-gaussian").config.train
+    assert (train.n_samples, train.batch_size, train.iterations) == (20, 100, 10_000)
     assert model_config("notmiwae-categorical").decoder == "categorical"
     assert model_config("miwae-categorical").missing == "mcar"
     assert model_config("notmiwae-gaussian-sampled").missing_factor == "sampled"
@@ -87,6 +94,10 @@ def test_oracle_predicts_the_expected_ratings(small_ratings):
     users, items, _ = small_ratings.test_triples()
     oracle = OracleRecommender(small_ratings.meta["oracle"]).fit(small_ratings.train)
     np.testing.assert_array_equal(oracle.predict(users, items), small_ratings.meta["oracle"][users, items])
+    with pytest.raises(ValueError, match="!= oracle shape"):
+        OracleRecommender(small_ratings.meta["oracle"][:, :-1]).fit(small_ratings.train)
+    with pytest.raises(ValueError, match="users x items matrix"):
+        OracleRecommender(small_ratings.meta["oracle"][0])
 
 
 def mcar_mse(data, seed: int, variant: str, train: TrainConfig) -> dict[str, float]:

@@ -49,6 +49,7 @@ def test_cli_writes_results_table_and_plots(tmp_path, capsys):
 
 def test_cli_refuses_bad_requests(tmp_path, capsys):
     assert main(["ratings", "--models", "notmiwae-poisson", "--out", str(tmp_path)]) == 2
+    assert "unknown models" in capsys.readouterr().err
     assert main(["ratings", "--data", "coat", "--out", str(tmp_path)]) == 2
     assert "needs --data-dir" in capsys.readouterr().err
 
@@ -107,7 +108,8 @@ def test_cli_validation_fraction_records_the_kept_iteration(tmp_path):
 
 
 def test_ratings_runs_data_parallel_under_torchrun(tmp_path):
-    """The same command under torchrun: both processes train, process 0 alone scores and writes."""
+    """The same command under torchrun: it runs as two processes, and process 0 alone scores, prints and
+    writes."""
     out = tmp_path / "ddp"
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
@@ -123,7 +125,7 @@ def test_ratings_runs_data_parallel_under_torchrun(tmp_path):
     assert launched.stdout.count("| notmiwae-gaussian | 1 |") == 1  # one table, printed by process 0 only
 
 
-def test_cli_unobserved_samples_is_recorded(tmp_path):
+def test_cli_unobserved_samples_is_recorded(tmp_path, capsys):
     """--unobserved-samples reaches the not-MIWAE's ModelConfig and the results config; 0 is refused."""
     out = tmp_path / "run"
     code = small_run(out, "--iterations", "20", "--models", "notmiwae-gaussian", "--unobserved-samples", "7")
@@ -133,6 +135,7 @@ def test_cli_unobserved_samples_is_recorded(tmp_path):
     assert record["config"]["model"]["model"]["unobserved_samples"] == 7
     assert "7 unobserved items per user" in (out / "results.md").read_text()
     assert main(["ratings", "--unobserved-samples", "0", "--out", str(tmp_path)]) == 2
+    assert "--unobserved-samples must be at least 1" in capsys.readouterr().err
 
 
 def _write_yahoo_format(directory: Path, data) -> None:
