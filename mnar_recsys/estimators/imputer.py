@@ -63,6 +63,9 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
         protocol: 100k iterations of 16 rows, lr 1e-3).
     importance_samples: samples per row for the conditional mean in `transform`.
     missing_factor: 'integrated', 'sampled' or 'auto' (integrated for the per-feature missing models).
+    sampled_imputation: with x_m sampled (the agnostic model), what `transform` averages under the
+        importance weights: 'decoder-mean' (the paper's code) or 'draws' (the drawn x_m, consistent; see
+        `importance.ImportanceConfig`).
     standardize: scale features by the observed mean / sd before fitting (imputations are returned in
         the original units either way).
     random_state: seeds initialisation, training and imputation (None: fresh randomness).
@@ -75,8 +78,8 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
     def __init__(self, decoder: str = "gaussian", missing: str = "self-masking-known", missing_sign: int = -1,
                  latent_dim: int | None = None, hidden: int = 128, n_samples: int = 20, iterations: int = 100_000,
                  batch_size: int = 16, lr: float = 1e-3, importance_samples: int = 10_000,
-                 missing_factor: str = "auto", standardize: bool = True, random_state: int | None = None,
-                 device: str = "auto", progress: bool = False):
+                 missing_factor: str = "auto", sampled_imputation: str = "decoder-mean", standardize: bool = True,
+                 random_state: int | None = None, device: str = "auto", progress: bool = False):
         self.decoder = decoder
         self.missing = missing
         self.missing_sign = missing_sign
@@ -88,6 +91,7 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
         self.lr = lr
         self.importance_samples = importance_samples
         self.missing_factor = missing_factor
+        self.sampled_imputation = sampled_imputation
         self.standardize = standardize
         self.random_state = random_state
         self.device = device
@@ -135,6 +139,9 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
             raise ValueError(f"NotMIWAEImputer: {names} entirely missing: nothing can be learnt about it "
                              "(drop it before imputing)")
         config = self.model_config(X.shape[1])
+        if self.sampled_imputation not in importance.SAMPLED_IMPUTATIONS:  # here, not after training
+            raise ValueError(f"sampled_imputation must be one of {importance.SAMPLED_IMPUTATIONS}, "
+                             f"got {self.sampled_imputation!r}")
         train = TrainConfig(iterations=self.iterations, batch_size=self.batch_size, n_samples=self.n_samples,
                             lr=self.lr, device=self.device, progress=self.progress)
         if self.standardize:
@@ -159,7 +166,8 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
         result = importance.impute(self.model_, (X - self.mean_) / self.scale_,
                                    config=importance.ImportanceConfig(n_samples=self.importance_samples,
                                                                       seed=self.seed_, device=self.device,
-                                                                      progress=self.progress))
+                                                                      progress=self.progress,
+                                                                      sampled_imputation=self.sampled_imputation))
         out[result.rows, result.cols] = result.mean * self.scale_[result.cols] + self.mean_[result.cols]
         return out
 

@@ -1,5 +1,9 @@
 """Self-normalised importance sampling with a trained (not-)MIWAE: imputation and likelihoods.
 
+With x_m integrated out per feature, imputations use the decoder tilted by the missing model given each
+z_k, the exact posterior; with x_m sampled, ImportanceConfig.sampled_imputation chooses between the
+decoder mean (the paper's) and the drawn x_m,k.
+
 Rows are processed in chunks and the K samples of a chunk in sub-chunks, with a streaming logsumexp,
 so K = 10,000 samples over a thousand features stay within a fixed memory budget.
 """
@@ -22,13 +26,20 @@ from mnar_recsys.models.notmiwae import NotMIWAE
 from mnar_recsys.training.trainer import prepare_rows
 
 METHODS = ("mean", "median", "multiple")
+SAMPLED_IMPUTATIONS = ("decoder-mean", "draws")
 
 
 @dataclass
 class ImportanceConfig:
     """n_samples: K; row_chunk: rows per pass; chunk_entries: size of one (rows x samples x features)
     tensor, which sets the samples per sub-chunk; seed: seeds the draws; n_imputations: draws per entry
-    for multiple imputation; device: where to compute ('auto': CUDA when available); progress: show a tqdm bar."""
+    for multiple imputation; device: where to compute ('auto': CUDA when available); progress: show a tqdm bar.
+
+    sampled_imputation: what a model with x_m sampled averages under its weights. 'decoder-mean' (the
+    paper's code): the decoder's p(x_m | z_k), low in variance, but the weights pick z_k, not x_m, so it
+    ignores what the mask says about x_m within each z_k. 'draws': the x_m,k the weights were computed
+    with (mean, weighted median, resampling), consistent for p(x_m | x_o, s). Other models ignore it.
+    """
 
     n_samples: int = 10_000
     row_chunk: int = 64
@@ -37,11 +48,15 @@ class ImportanceConfig:
     n_imputations: int = 5
     device: str = "auto"
     progress: bool = False
+    sampled_imputation: str = "decoder-mean"
 
     def __post_init__(self) -> None:
         for name in ("n_samples", "row_chunk", "chunk_entries", "n_imputations"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.sampled_imputation not in SAMPLED_IMPUTATIONS:
+            raise ValueError(f"sampled_imputation must be one of {SAMPLED_IMPUTATIONS}, "
+                             f"got {self.sampled_imputation!r}")
 
 
 @dataclass
@@ -85,10 +100,8 @@ def _conditional_mean(model: NotMIWAE, params: Params, cols: torch.Tensor, obser
     """E[x_j | z_k, s_j] for target entries, (B, K, T).
 
     With the integrated missing factor this is the decoder's distribution tilted by Pr(s_j | x_j, z_k) on
-    the same quadrature nodes, the exact per-feature posterior given z_k; otherwise the decoder mean, as
-    the paper's code does. With x_m sampled that estimate ignores what s says about x_m within each z_k
-    (the weights select z_k, not x_m); averaging the drawn x_m,k instead would be consistent, but noisier,
-    and on clipped images worse (README, Known limits).
+    the same quadrature nodes, the exact per-feature posterior given z_k; otherwise the decoder mean
+    (for x_m sampled, ImportanceConfig.sampled_imputation='decoder-mean').
     """
     if not _tilt_applies(model):
         return model.decoder.mean(params)
@@ -179,6 +192,14 @@ def _mixture_median(model: NotMIWAE, alpha: torch.Tensor, params: Params, cols: 
         below = mixture_cdf(mid) < 0.5
         lo, hi = torch.where(below, mid, lo), torch.where(below, hi, mid)
     return 0.5 * (lo + hi)
+
+
+def _weighted_median(alpha: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """The α-weighted median of values (B, K, T) over K, alpha (B, K) summing to 1 -> (B, T)."""
+    ordered, order = values.sort(dim=1)
+    cumulative = alpha[:, :, None].expand_as(values).gather(1, order).cumsum(1)
+    position = (cumulative < 0.5).sum(1, keepdim=True).clamp(max=values.shape[1] - 1)
+    return ordered.gather(1, position)[:, 0]
 
 
 def _targets_per_row(rows: np.ndarray, cols: np.ndarray, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
@@ -280,23 +301,27 @@ def _impute_chunk(model: NotMIWAE, batch: RowBatch, cols: torch.Tensor, methods:
     weight_sum = torch.zeros_like(running_max)
     weight_sq_sum = torch.zeros_like(running_max)
     mean_sum = torch.zeros(cols.shape, device=cols.device)
-    kept_log_w, kept_params, kept_offsets = [], [], []
+    kept_log_w, kept_params, kept_offsets, kept_drawn = [], [], [], []
     for samples in _sample_chunks(model, batch, config):
         log_w, offset = samples.terms.log_weights, samples.offset
         targets = _gather_targets(samples.params, cols)
+        # the x_m,k the weights were computed with, at the targets (B, K, T), when those are to be averaged
+        use_draws = samples.completed is not None and config.sampled_imputation == "draws"
+        drawn = _gather_targets((samples.completed,), cols)[0] if use_draws else None
         new_max = torch.maximum(running_max, log_w.amax(1))
         rescale = torch.exp(running_max - new_max)
         w = torch.exp(log_w - new_max[:, None])
         weight_sum = weight_sum * rescale + w.sum(1)
         weight_sq_sum = weight_sq_sum * rescale ** 2 + (w ** 2).sum(1)
         if "mean" in methods:
-            conditional = _conditional_mean(model, targets, cols, observed, offset)
+            conditional = drawn if use_draws else _conditional_mean(model, targets, cols, observed, offset)
             mean_sum = mean_sum * rescale[:, None] + (w[:, :, None] * conditional).sum(1)
         running_max = new_max
         if keep_all:
             kept_log_w.append(log_w)
             kept_params.append(targets)
             kept_offsets.append(offset)
+            kept_drawn.append(drawn)
     out = {"ess": (weight_sum ** 2 / weight_sq_sum).cpu().numpy()}
     if "mean" in methods:
         out["mean"] = (mean_sum / weight_sum[:, None]).cpu().numpy()
@@ -304,14 +329,20 @@ def _impute_chunk(model: NotMIWAE, batch: RowBatch, cols: torch.Tensor, methods:
         alpha = torch.softmax(torch.cat(kept_log_w, 1), dim=1)
         params = tuple(torch.cat(parts, 1) for parts in zip(*kept_params))
         offset = None if model.row_offset is None else torch.cat(kept_offsets, 1)
+        drawn = torch.cat(kept_drawn, 1) if use_draws else None
         if "median" in methods:
-            out["median"] = _mixture_median(model, alpha, params, cols, observed, offset).cpu().numpy()
+            median = (_weighted_median(alpha, drawn) if use_draws
+                      else _mixture_median(model, alpha, params, cols, observed, offset))
+            out["median"] = median.cpu().numpy()
         if "multiple" in methods:
             picks = torch.multinomial(alpha, config.n_imputations, replacement=True)  # (B, M)
             rows = torch.arange(alpha.shape[0], device=alpha.device)[:, None]
-            chosen = tuple(t[rows, picks] for t in params)
-            chosen_offset = None if offset is None else offset[rows, picks]
-            draws = _posterior_draws(model, chosen, cols, observed, chosen_offset)
+            if use_draws:  # sampling-importance-resampling of the x_m,k themselves
+                draws = drawn[rows, picks]
+            else:
+                chosen = tuple(t[rows, picks] for t in params)
+                chosen_offset = None if offset is None else offset[rows, picks]
+                draws = _posterior_draws(model, chosen, cols, observed, chosen_offset)
             out["multiple"] = draws.permute(1, 0, 2).cpu().numpy()
     return out
 

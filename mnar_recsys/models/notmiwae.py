@@ -31,6 +31,7 @@ class Samples:
     params: Params  # decoder parameters, feature axis at 2: (B, K, p, ...)
     terms: BoundTerms
     offset: torch.Tensor | None  # the row offset a(z_k) of every selection logit, (B, K); None without one
+    completed: torch.Tensor | None  # the rows with the x_m,k the sampled factor scored drawn in, (B, K, p)
 
 
 class NotMIWAE(nn.Module):
@@ -81,8 +82,10 @@ class NotMIWAE(nn.Module):
         z, log_pz, log_qz = self._latent(batch, n_samples)
         params = self.decoder(z)
         offset = self._row_offset(z)
-        terms = BoundTerms(self.log_px_obs(batch, params), self.log_ps(batch, params, offset), log_pz, log_qz)
-        return Samples(z, params, terms, offset)
+        completed = self.complete(batch, params)
+        terms = BoundTerms(self.log_px_obs(batch, params), self.log_ps(batch, params, offset, completed), log_pz,
+                           log_qz)
+        return Samples(z, params, terms, offset, completed)
 
     def forward(self, batch: RowBatch, n_samples: int) -> torch.Tensor:
         """The bound, so that DistributedDataParallel's forward hooks see the training computation."""
@@ -146,14 +149,23 @@ class NotMIWAE(nn.Module):
         per_entry = self.decoder.log_prob(observed, batch.obs_value[:, None])
         return per_entry.new_zeros(batch.n_rows, per_entry.shape[1]).index_add_(0, batch.obs_row, per_entry)
 
-    def log_ps(self, batch: RowBatch, params: Params, offset: torch.Tensor | None = None) -> torch.Tensor:
-        """log p(s | x_o, x_m,k), or its integrated form: (B, K). `offset`: the rows' logit shifts (B, K)."""
+    def complete(self, batch: RowBatch, params: Params) -> torch.Tensor | None:
+        """The rows with x_m,k ~ p(x_m | z_k) drawn in (reparameterised), (B, K, p), where the missing factor
+        samples x_m; None where it does not (the MIWAE, the integrated factor)."""
+        if self.missing_model.is_mcar or self.missing_factor != "sampled":
+            return None
+        return torch.where(batch.mask[:, None] > 0, batch.values[:, None], self.decoder.rsample(params))
+
+    def log_ps(self, batch: RowBatch, params: Params, offset: torch.Tensor | None = None,
+               completed: torch.Tensor | None = None) -> torch.Tensor:
+        """log p(s | x_o, x_m,k), or its integrated form: (B, K). `offset`: the rows' logit shifts (B, K);
+        `completed`: the sampled factor's completed rows (drawn here when not given)."""
         model = self.missing_model
         if model.is_mcar:
             return params[0].new_zeros(params[0].shape[:2])
         mask = batch.mask[:, None]
         if self.missing_factor == "sampled":
-            logits = model.logits(torch.where(mask > 0, batch.values[:, None], self.decoder.rsample(params)))
+            logits = model.logits(self.complete(batch, params) if completed is None else completed)
             return bernoulli_log_prob(logits if offset is None else logits + offset[..., None], mask)
         log_p_missing = self.log_prob_missing(params, offset=None if offset is None else offset[..., None])
         return self._log_ps_observed(batch, offset) + ((1 - mask) * log_p_missing).sum(-1)

@@ -26,6 +26,7 @@ from mnar_recsys.data.uci import UCI_DATASETS, load_uci
 from mnar_recsys.estimators.imputer import NotMIWAEImputer
 from mnar_recsys.evaluation.metrics import imputation_rmse
 from mnar_recsys.evaluation.reports import markdown_table, provenance, summarise, write_atomic, write_json
+from mnar_recsys.inference.importance import SAMPLED_IMPUTATIONS
 
 #: (decoder, missing model) of each neural model, named as in the paper's table 1
 NEURAL_MODELS: dict[str, tuple[str, str]] = {
@@ -59,7 +60,9 @@ PAPER_RMSE: dict[str, tuple[float, ...]] = {
 
 @dataclass
 class UCIConfig:
-    """The paper's protocol by default: 100k iterations of 16 rows, K = 20, 10k importance samples, 5 runs."""
+    """The paper's protocol by default: 100k iterations of 16 rows, K = 20, 10k importance samples, 5 runs.
+    sampled_imputation: what the agnostic models (x_m sampled) average under their importance weights,
+    'decoder-mean' (the paper's code) or 'draws' (see `importance.ImportanceConfig`)."""
 
     iterations: int = 100_000
     batch_size: int = 16
@@ -69,6 +72,12 @@ class UCIConfig:
     offset: float = 0.0
     seed: int = 0
     device: str = "auto"
+    sampled_imputation: str = "decoder-mean"
+
+    def __post_init__(self) -> None:
+        if self.sampled_imputation not in SAMPLED_IMPUTATIONS:
+            raise ValueError(f"sampled_imputation must be one of {SAMPLED_IMPUTATIONS}, "
+                             f"got {self.sampled_imputation!r}")
 
 
 def make_imputer(model: str, config: UCIConfig, seed: int, progress: bool = False):
@@ -79,7 +88,8 @@ def make_imputer(model: str, config: UCIConfig, seed: int, progress: bool = Fals
         # standardize=False: the protocol has standardised over the complete data already
         return NotMIWAEImputer(decoder=decoder, missing=missing, missing_sign=-1, n_samples=config.n_samples,
                                iterations=config.iterations, batch_size=config.batch_size,
-                               importance_samples=config.importance_samples, standardize=False,
+                               importance_samples=config.importance_samples,
+                               sampled_imputation=config.sampled_imputation, standardize=False,
                                random_state=seed, device=config.device, progress=progress)
     imputer = make_dense_imputer(model)
     if "random_state" in imputer.get_params():

@@ -143,8 +143,9 @@ def test_tilted_mean_median_and_draws_describe_one_posterior():
 def test_imputation_finds_the_posterior_given_the_mask():
     """A decoder that ignores z, x_j ~ N(0, 1), and a known self-masking model Pr(s_j = 0 | x_j) = σ(2 x_j):
     the posterior of a missing x_j is N(0, 1) tilted by σ(2 x_j), mean 0.61 and median 0.58, not the
-    decoder's 0. With x_m integrated out the tilt finds both. With x_m sampled the imputation averages the
-    decoder mean under the weights, as the paper's code does, and stays at 0 (README, Known limits)."""
+    decoder's 0. With x_m integrated out the tilt finds both. With x_m sampled, averaging the drawn x_m,k
+    finds them too, within Monte Carlo error; averaging the decoder mean under the weights, as the paper's
+    code does, stays at 0."""
     torch.manual_seed(0)
     model = build_model(ModelConfig(n_features=3, latent_dim=2, encoder="mlp", activation="tanh", decoder="gaussian",
                                     decoder_hidden=(4,), squash=None, missing="self-masking-known",
@@ -169,7 +170,15 @@ def test_imputation_finds_the_posterior_given_the_mask():
     assert np.abs(result.median - exact_median).max() < 0.01
     assert abs(result.draws.mean() - exact_mean) < 0.03
     model.missing_factor = "sampled"
-    assert np.abs(impute(model, data, config=config).mean).max() < 1e-6
+    assert np.abs(impute(model, data, config=config).mean).max() < 1e-6  # sampled_imputation='decoder-mean'
+    drawn = impute(model, data, methods=("mean", "median", "multiple"),
+                   config=ImportanceConfig(n_samples=4000, n_imputations=500, seed=0, sampled_imputation="draws"))
+    print(f"draws: {drawn.mean.round(3)}, {drawn.median.round(3)}, draws' mean {drawn.draws.mean():.3f}")
+    assert np.abs(drawn.mean - exact_mean).max() < 0.06
+    assert np.abs(drawn.median - exact_median).max() < 0.08
+    assert abs(drawn.draws.mean() - exact_mean) < 0.03
+    with pytest.raises(ValueError, match="sampled_imputation must be one of"):
+        ImportanceConfig(sampled_imputation="tilted")
 
 
 def _nearly_deterministic_encoder(model, latent_dim: int) -> None:

@@ -93,3 +93,22 @@ def test_the_papers_ordering_holds_on_all_six_sets(tmp_path):
         assert rmse[name, "notmiwae-self-masking-known"] < rmse[name, "miwae"] - 0.05, name
         assert rmse[name, "notmiwae-self-masking-known"] < rmse[name, "mean"] - 0.2, name
         assert rmse[name, "notmiwae-ppca-self-masking"] < rmse[name, "ppca"] - 0.1, name
+
+
+def test_sampled_imputation_reaches_the_agnostic_imputer(tmp_path, monkeypatch, capsys):
+    """--sampled-imputation draws is recorded with the protocol and the imputer's parameters, and changes what
+    the agnostic model (x_m sampled) imputes; an unknown estimate is refused before any training."""
+    monkeypatch.delenv("MNAR_RECSYS_UCI_DIR", raising=False)
+    base = ["uci", "--dataset", "breast", "--models", "notmiwae-agnostic", "--runs", "1", "--iterations", "20",
+            "--importance-samples", "20", "--no-progress"]
+    rmse = {}
+    for estimate in ("decoder-mean", "draws"):
+        assert main([*base, "--sampled-imputation", estimate, "--out", str(tmp_path / estimate)]) == 0
+        payload = json.loads((tmp_path / estimate / "results.json").read_text())
+        assert payload["protocol"]["sampled_imputation"] == estimate
+        record = payload["records"][0]
+        assert record["config"]["estimator"]["sampled_imputation"] == estimate
+        rmse[estimate] = record["rmse"]
+    assert rmse["draws"] != rmse["decoder-mean"]
+    assert main([*base, "--sampled-imputation", "tilted", "--out", str(tmp_path / "bad")]) == 2
+    assert "sampled_imputation must be one of" in capsys.readouterr().err
