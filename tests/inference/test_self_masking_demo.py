@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from mnar_recsys.cli import main
 from mnar_recsys.pipelines.demo import DemoConfig, run_demo
 
 
@@ -29,3 +30,15 @@ def test_notmiwae_beats_miwae_on_self_masked_data(seed, one_torch_thread):
     print(result)
     assert result["notmiwae"] < result["miwae"] - 0.2
     assert result["notmiwae"] < result["mean_imputation"] - 0.2
+
+
+def test_cli_prints_the_three_rmses(capsys, one_torch_thread):
+    """`mnar-recsys demo` with its options: the data's size and seed reach the run, and it prints one RMSE per
+    method."""
+    assert main(["demo", "--n-rows", "60", "--n-features", "4", "--iterations", "3", "--importance-samples", "5",
+                 "--seed", "7", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "(60 rows x 4 features, seed 7" in out
+    lines = [line for line in out.splitlines() if line.startswith("  ")]
+    assert [line.split()[0] for line in lines] == ["mean", "MIWAE", "not-MIWAE"]
+    assert all(0 < float(line.split()[-1]) < 5 for line in lines)
