@@ -200,7 +200,9 @@ def _step(step_model: nn.Module, rows: RowSource, batch: np.ndarray, n_shards: i
 def _mean_bound(model: NotMIWAE, rows: RowSource, index: np.ndarray, config: TrainConfig, device: torch.device,
                 iteration: int) -> float:
     """Mean L_K per row over `index`, in training-sized chunks shared out among the ranks; each chunk's
-    noise is seeded by its position, so the value does not depend on the number of processes."""
+    noise is seeded by its position, so the value does not depend on the number of processes. It is the
+    estimate training uses: with `unobserved_samples` set, the subsampled one (the exact missing term over
+    every unobserved item of every held-out row would cost more than training does)."""
     model.eval()
     total = 0.0
     starts = range(0, index.size, config.batch_size)
