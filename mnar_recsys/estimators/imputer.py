@@ -63,13 +63,13 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
         protocol: 100k iterations of 16 rows, lr 1e-3).
     importance_samples: samples per row for the conditional mean in `transform`.
     missing_factor: 'integrated', 'sampled' or 'auto' (integrated for the per-feature missing models).
-    sampled_imputation: with x_m sampled (the agnostic model), what `transform` averages under the
-        importance weights: 'decoder-mean' (the paper's code) or 'draws' (the drawn x_m, consistent; see
-        `importance.ImportanceConfig`).
     standardize: scale features by the observed mean / sd before fitting (imputations are returned in
         the original units either way).
     random_state: seeds initialisation, training and imputation (None: fresh randomness).
     device: 'auto' (CUDA when available), 'cpu' or 'cuda'; progress: show progress bars (training and imputation).
+    sampled_imputation: with x_m sampled (the agnostic model's 'auto' factor, or missing_factor='sampled'),
+        what `transform` averages under the importance weights: 'decoder-mean' (the paper's code) or
+        'draws' (the drawn x_m, consistent; see `importance.ImportanceConfig`).
 
     Attributes: model_ (the trained `NotMIWAE`), history_ (the training `History`), n_features_in_,
     mean_ and scale_ (the fitted standardisation), seed_ (the integer seed actually used).
@@ -78,8 +78,8 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
     def __init__(self, decoder: str = "gaussian", missing: str = "self-masking-known", missing_sign: int = -1,
                  latent_dim: int | None = None, hidden: int = 128, n_samples: int = 20, iterations: int = 100_000,
                  batch_size: int = 16, lr: float = 1e-3, importance_samples: int = 10_000,
-                 missing_factor: str = "auto", sampled_imputation: str = "decoder-mean", standardize: bool = True,
-                 random_state: int | None = None, device: str = "auto", progress: bool = False):
+                 missing_factor: str = "auto", standardize: bool = True, random_state: int | None = None,
+                 device: str = "auto", progress: bool = False, sampled_imputation: str = "decoder-mean"):
         self.decoder = decoder
         self.missing = missing
         self.missing_sign = missing_sign
@@ -91,11 +91,11 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
         self.lr = lr
         self.importance_samples = importance_samples
         self.missing_factor = missing_factor
-        self.sampled_imputation = sampled_imputation
         self.standardize = standardize
         self.random_state = random_state
         self.device = device
         self.progress = progress
+        self.sampled_imputation = sampled_imputation
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -139,9 +139,7 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
             raise ValueError(f"NotMIWAEImputer: {names} entirely missing: nothing can be learnt about it "
                              "(drop it before imputing)")
         config = self.model_config(X.shape[1])
-        if self.sampled_imputation not in importance.SAMPLED_IMPUTATIONS:  # here, not after training
-            raise ValueError(f"sampled_imputation must be one of {importance.SAMPLED_IMPUTATIONS}, "
-                             f"got {self.sampled_imputation!r}")
+        importance.check_sampled_imputation(self.sampled_imputation)  # here, not after training
         train = TrainConfig(iterations=self.iterations, batch_size=self.batch_size, n_samples=self.n_samples,
                             lr=self.lr, device=self.device, progress=self.progress)
         if self.standardize:

@@ -11,6 +11,7 @@ so K = 10,000 samples over a thousand features stay within a fixed memory budget
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,10 +36,12 @@ class ImportanceConfig:
     tensor, which sets the samples per sub-chunk; seed: seeds the draws; n_imputations: draws per entry
     for multiple imputation; device: where to compute ('auto': CUDA when available); progress: show a tqdm bar.
 
-    sampled_imputation: what a model with x_m sampled averages under its weights. 'decoder-mean' (the
-    paper's code): the decoder's p(x_m | z_k), low in variance, but the weights pick z_k, not x_m, so it
-    ignores what the mask says about x_m within each z_k. 'draws': the x_m,k the weights were computed
-    with (mean, weighted median, resampling), consistent for p(x_m | x_o, s). Other models ignore it.
+    sampled_imputation: what a model with x_m sampled averages under its weights at missing targets.
+    'decoder-mean' (the paper's code): the mean of p(x_m | z_k), low in variance, but the weights pick
+    z_k, not x_m, so it ignores what the mask says about x_m within each z_k. 'draws': the x_m,k the
+    weights were computed with (mean, weighted median, resampling), consistent for p(x_m | x_o, s);
+    continuous decoders only, as a discrete decoder's draws are relaxed (off its levels). Observed
+    targets and the other models ignore it.
     """
 
     n_samples: int = 10_000
@@ -54,9 +57,13 @@ class ImportanceConfig:
         for name in ("n_samples", "row_chunk", "chunk_entries", "n_imputations"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.sampled_imputation not in SAMPLED_IMPUTATIONS:
-            raise ValueError(f"sampled_imputation must be one of {SAMPLED_IMPUTATIONS}, "
-                             f"got {self.sampled_imputation!r}")
+        check_sampled_imputation(self.sampled_imputation)
+
+
+def check_sampled_imputation(value: str) -> None:
+    """Raise ValueError unless `value` is one of SAMPLED_IMPUTATIONS."""
+    if value not in SAMPLED_IMPUTATIONS:
+        raise ValueError(f"sampled_imputation must be one of {SAMPLED_IMPUTATIONS}, got {value!r}")
 
 
 @dataclass
@@ -245,6 +252,9 @@ def impute(model: NotMIWAE, data: "np.ndarray | sp.spmatrix | RowSource", rows: 
     if rows.size and (rows.min() < 0 or rows.max() >= source.n_rows or cols.min() < 0
                       or cols.max() >= source.n_features):
         raise ValueError(f"targets must lie in the {source.n_rows} x {source.n_features} rows")
+    if _averages_draws(model, config) and getattr(model.decoder, "support", None) is not None:
+        raise ValueError(f"sampled_imputation='draws' needs a continuous decoder: {type(model.decoder).__name__}'s "
+                         "draws are relaxed, off its levels")
     torch.manual_seed(config.seed)
     device = resolve_device(config.device)
     model.to(device).eval()
@@ -293,9 +303,26 @@ def _sample_chunks(model: NotMIWAE, batch: RowBatch, config: ImportanceConfig):
         done += k
 
 
+def _averages_draws(model: NotMIWAE, config: ImportanceConfig) -> bool:
+    """Whether missing targets average the x_m,k the sampled factor drew (sampled_imputation='draws')."""
+    return model.missing_factor == "sampled" and not model.missing_model.is_mcar and config.sampled_imputation == "draws"
+
+
+def _at_observed_targets(from_draws: torch.Tensor | None, observed: torch.Tensor,
+                         from_decoder: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """The estimate from the drawn x_m,k, with the decoder's in its place at observed targets (which have no
+    draw) and everywhere when there are no draws; `observed` broadcasts against the estimates."""
+    if from_draws is None:
+        return from_decoder()
+    if not bool(observed.any()):
+        return from_draws
+    return torch.where(observed > 0, from_decoder(), from_draws)
+
+
 def _impute_chunk(model: NotMIWAE, batch: RowBatch, cols: torch.Tensor, methods: tuple[str, ...],
                   config: ImportanceConfig) -> dict[str, np.ndarray]:
     observed = batch.mask.gather(1, cols)
+    use_draws = _averages_draws(model, config)
     keep_all = "median" in methods or "multiple" in methods
     running_max = torch.full((batch.n_rows,), -float("inf"), device=batch.obs_value.device)
     weight_sum = torch.zeros_like(running_max)
@@ -305,8 +332,7 @@ def _impute_chunk(model: NotMIWAE, batch: RowBatch, cols: torch.Tensor, methods:
     for samples in _sample_chunks(model, batch, config):
         log_w, offset = samples.terms.log_weights, samples.offset
         targets = _gather_targets(samples.params, cols)
-        # the x_m,k the weights were computed with, at the targets (B, K, T), when those are to be averaged
-        use_draws = samples.completed is not None and config.sampled_imputation == "draws"
+        # the x_m,k the weights were computed with, at the targets (B, K, T)
         drawn = _gather_targets((samples.completed,), cols)[0] if use_draws else None
         new_max = torch.maximum(running_max, log_w.amax(1))
         rescale = torch.exp(running_max - new_max)
@@ -314,7 +340,8 @@ def _impute_chunk(model: NotMIWAE, batch: RowBatch, cols: torch.Tensor, methods:
         weight_sum = weight_sum * rescale + w.sum(1)
         weight_sq_sum = weight_sq_sum * rescale ** 2 + (w ** 2).sum(1)
         if "mean" in methods:
-            conditional = drawn if use_draws else _conditional_mean(model, targets, cols, observed, offset)
+            conditional = _at_observed_targets(drawn, observed[:, None],
+                                               lambda: _conditional_mean(model, targets, cols, observed, offset))
             mean_sum = mean_sum * rescale[:, None] + (w[:, :, None] * conditional).sum(1)
         running_max = new_max
         if keep_all:
@@ -331,18 +358,17 @@ def _impute_chunk(model: NotMIWAE, batch: RowBatch, cols: torch.Tensor, methods:
         offset = None if model.row_offset is None else torch.cat(kept_offsets, 1)
         drawn = torch.cat(kept_drawn, 1) if use_draws else None
         if "median" in methods:
-            median = (_weighted_median(alpha, drawn) if use_draws
-                      else _mixture_median(model, alpha, params, cols, observed, offset))
+            median = _at_observed_targets(_weighted_median(alpha, drawn) if use_draws else None, observed,
+                                          lambda: _mixture_median(model, alpha, params, cols, observed, offset))
             out["median"] = median.cpu().numpy()
         if "multiple" in methods:
             picks = torch.multinomial(alpha, config.n_imputations, replacement=True)  # (B, M)
             rows = torch.arange(alpha.shape[0], device=alpha.device)[:, None]
-            if use_draws:  # sampling-importance-resampling of the x_m,k themselves
-                draws = drawn[rows, picks]
-            else:
-                chosen = tuple(t[rows, picks] for t in params)
-                chosen_offset = None if offset is None else offset[rows, picks]
-                draws = _posterior_draws(model, chosen, cols, observed, chosen_offset)
+            chosen = tuple(t[rows, picks] for t in params)
+            chosen_offset = None if offset is None else offset[rows, picks]
+            # sampling-importance-resampling: the picked x_m,k themselves, or draws given the picked z_k
+            draws = _at_observed_targets(drawn[rows, picks] if use_draws else None, observed[:, None],
+                                         lambda: _posterior_draws(model, chosen, cols, observed, chosen_offset))
             out["multiple"] = draws.permute(1, 0, 2).cpu().numpy()
     return out
 

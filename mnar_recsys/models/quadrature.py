@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from types import EllipsisType
 
 import numpy as np
 import torch
@@ -35,7 +36,7 @@ def gauss_hermite(n_points: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
 _BLOCK_ENTRIES = 2 ** 18  # entries per block of rows on a CPU: the loop's five 1 MiB tensors stay in cache
 
 
-def _row_blocks(shape: torch.Size) -> list[slice]:
+def _row_blocks(shape: torch.Size) -> list[slice | EllipsisType]:
     """Slices of the leading axis holding about _BLOCK_ENTRIES entries each; one block, `...`, for a scalar
     or an empty tensor."""
     if len(shape) == 0 or shape[0] == 0:
@@ -76,7 +77,7 @@ class _LogExpectedSigmoid(torch.autograd.Function):
         slope_sum = torch.empty_like(total) if needs_grad else None
         slope_t_sum = torch.empty_like(total) if ctx.needs_input_grad[1] else None
         # on a GPU the whole tensor in one go: more, smaller kernels would only add launch overhead
-        for block in _row_blocks(shape) if total.device.type == "cpu" else [slice(None)]:
+        for block in _row_blocks(shape) if total.device.type == "cpu" else [...]:
             _node_loop(neg_mean[block], sd_full[block], nodes, weights, total[block],
                        None if slope_sum is None else slope_sum[block],
                        None if slope_t_sum is None else slope_t_sum[block])

@@ -26,7 +26,7 @@ from mnar_recsys.data.uci import UCI_DATASETS, load_uci
 from mnar_recsys.estimators.imputer import NotMIWAEImputer
 from mnar_recsys.evaluation.metrics import imputation_rmse
 from mnar_recsys.evaluation.reports import markdown_table, provenance, summarise, write_atomic, write_json
-from mnar_recsys.inference.importance import SAMPLED_IMPUTATIONS
+from mnar_recsys.inference.importance import check_sampled_imputation
 
 #: (decoder, missing model) of each neural model, named as in the paper's table 1
 NEURAL_MODELS: dict[str, tuple[str, str]] = {
@@ -75,9 +75,7 @@ class UCIConfig:
     sampled_imputation: str = "decoder-mean"
 
     def __post_init__(self) -> None:
-        if self.sampled_imputation not in SAMPLED_IMPUTATIONS:
-            raise ValueError(f"sampled_imputation must be one of {SAMPLED_IMPUTATIONS}, "
-                             f"got {self.sampled_imputation!r}")
+        check_sampled_imputation(self.sampled_imputation)
 
 
 def make_imputer(model: str, config: UCIConfig, seed: int, progress: bool = False):

@@ -131,8 +131,8 @@ def test_tilted_mean_median_and_draws_describe_one_posterior():
     assert np.abs(np.median(result.draws, 0) - result.median).max() < 0.1
     mean_only = impute(model, data, config=ImportanceConfig(n_samples=200, seed=0))
     assert np.allclose(mean_only.mean, result.mean)  # the other methods do not disturb the mean's draws
-    # the tilt moves the imputations above the decoder's means under the same weights, towards the large
-    # values the missing model says go missing
+    # the tilt moves the imputations above the decoder's means (under a fresh set of weights), towards the
+    # large values the missing model says go missing
     with torch.no_grad():
         samples = model.sample(as_rows(data).batch(np.arange(8)), 200)
         alpha = torch.softmax(samples.terms.log_weights, 1)
@@ -179,6 +179,22 @@ def test_imputation_finds_the_posterior_given_the_mask():
     assert abs(drawn.draws.mean() - exact_mean) < 0.03
     with pytest.raises(ValueError, match="sampled_imputation must be one of"):
         ImportanceConfig(sampled_imputation="tilted")
+    # an observed target has no draw: it keeps the decoder's estimate, the missing ones take the draws'
+    rows, cols = np.array([0, 0, 1]), np.array([0, 1, 0])  # (0, 1) is observed
+    paper = impute(model, data, rows, cols, config=ImportanceConfig(n_samples=500, seed=1))
+    mixed = impute(model, data, rows, cols, config=ImportanceConfig(n_samples=500, seed=1, sampled_imputation="draws"))
+    assert mixed.mean[1] == paper.mean[1] and np.all(np.abs(mixed.mean[[0, 2]] - paper.mean[[0, 2]]) > 0.3)
+
+
+def test_draws_are_refused_for_a_discrete_decoder():
+    """A categorical decoder's sampled x_m are Gumbel-Softmax relaxations, off its levels: no imputation from them."""
+    model = build_model(ModelConfig(n_features=4, latent_dim=2, embedding_dim=4, code_dim=8, decoder="categorical",
+                                    missing_factor="sampled"))
+    rows = np.array([[1.0, np.nan, 3.0, 5.0]])
+    with pytest.raises(ValueError, match="needs a continuous decoder: CategoricalDecoder"):
+        impute(model, rows, config=ImportanceConfig(n_samples=5, sampled_imputation="draws"))
+    assert np.isin(impute(model, rows, methods=("median",), config=ImportanceConfig(n_samples=5)).median,
+                   np.arange(1, 6)).all()
 
 
 def _nearly_deterministic_encoder(model, latent_dim: int) -> None:
