@@ -305,7 +305,8 @@ def _sample_chunks(model: NotMIWAE, batch: RowBatch, config: ImportanceConfig):
 
 def _averages_draws(model: NotMIWAE, config: ImportanceConfig) -> bool:
     """Whether missing targets average the x_m,k the sampled factor drew (sampled_imputation='draws')."""
-    return model.missing_factor == "sampled" and not model.missing_model.is_mcar and config.sampled_imputation == "draws"
+    return (model.missing_factor == "sampled" and not model.missing_model.is_mcar
+            and config.sampled_imputation == "draws")
 
 
 def _at_observed_targets(from_draws: torch.Tensor | None, observed: torch.Tensor,
