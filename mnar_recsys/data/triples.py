@@ -231,11 +231,11 @@ def _parse_ids(raw: Triples, values: np.ndarray, kind: str, integer: bool) -> np
     if integer:
         k = np.flatnonzero(~is_int)[0]
         raise raw.error(k, f"{kind} id {_show(values[k])} is not an integer")
-    text = pd.Series(values, dtype=object)
-    missing = np.flatnonzero(text.isna().to_numpy() | (text.astype(str).str.strip() == "").to_numpy())
+    text = _text_ids(values)
+    missing = np.flatnonzero(pd.isna(values) | (text == ""))
     if len(missing):
         raise raw.error(missing[0], f"{kind} id is missing")
-    return _text_ids(values)
+    return text
 
 
 def _check_unique_pairs(t: Triples) -> None:
