@@ -3,9 +3,9 @@
 glibc hands blocks above its mmap threshold back to the operating system when they are freed, and
 trims the heap top beyond its trim threshold. A step at the Yahoo! R3 shape frees and reallocates
 dozens of 8 MB (rows x samples x items) temporaries, so every step pays page faults on them; keeping
-the memory makes such steps 15-30% faster on the 2-core machine. The cost is that the process keeps
-its peak memory until it exits. The command line turns this on; call `keep_freed_memory()` to get it
-from Python.
+the memory cut the time of a step at that shape by 12% on the 2-core machine (38.7 against 44.0 s per
+1,000 iterations). The cost is that the process keeps its peak memory until it exits. The command
+line turns this on; call `keep_freed_memory()` to get it from Python.
 """
 
 from __future__ import annotations

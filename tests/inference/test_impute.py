@@ -126,13 +126,13 @@ def test_tilted_mean_median_and_draws_describe_one_posterior():
     data = np.random.default_rng(0).normal(size=(8, 5)).astype(np.float32)
     data[:, :2] = np.nan
     result = impute(model, data, methods=("mean", "median", "multiple"),
-                    config=ImportanceConfig(n_samples=200, n_imputations=4000, seed=0))
+                    config=ImportanceConfig(n_samples=200, n_imputations=4000, seed=0, device="cpu"))
     assert np.abs(result.draws.mean(0) - result.mean).max() < 0.08
     assert np.abs(np.median(result.draws, 0) - result.median).max() < 0.1
-    mean_only = impute(model, data, config=ImportanceConfig(n_samples=200, seed=0))
+    mean_only = impute(model, data, config=ImportanceConfig(n_samples=200, seed=0, device="cpu"))
     assert np.allclose(mean_only.mean, result.mean)  # the other methods do not disturb the mean's draws
     # the tilt moves the imputations above the decoder's means (under a fresh set of weights), towards the
-    # large values the missing model says go missing
+    # large values the missing model says go missing; sampled here on the CPU, hence device="cpu" above
     with torch.no_grad():
         samples = model.sample(as_rows(data).batch(np.arange(8)), 200)
         alpha = torch.softmax(samples.terms.log_weights, 1)
