@@ -1,4 +1,5 @@
-"""Figures of the MCAR rating evaluation, saved atomically as PNG (matplotlib, no display needed)."""
+"""Figures of the MCAR rating evaluation and of training, saved atomically as PNG (matplotlib, no display
+needed)."""
 
 from __future__ import annotations
 
@@ -62,6 +63,49 @@ def per_rating_mse(records: list[dict[str, Any]], path: str | Path, title: str =
     ax.set_ylabel("MSE")
     ax.set_title(title)
     ax.legend(fontsize="small", ncol=2)
+    figure.tight_layout()
+    try:
+        return save_figure(figure, path)
+    finally:
+        plt.close(figure)
+
+
+def training_curves(records: list[dict[str, Any]], path: str | Path, title: str = "") -> Path:
+    """One panel per model that records a `training_curve`: the running mean of the bound per row while
+    training and, when rows were held out, the held-out bound at each check, one colour per seed, with a
+    dotted line at the iteration whose parameters were kept. A held-out curve that turns down while the
+    training one still climbs is over-fitting (Coat at the paper's 10,000 steps)."""
+    curves = [r for r in records if "training_curve" in r]
+    if not curves:
+        raise ValueError("no records with a training curve to plot")
+    names = list(dict.fromkeys(r["model"] for r in curves))
+    columns = min(3, len(names))
+    rows = -(-len(names) // columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(4.5 * columns, 3.2 * rows), squeeze=False)
+    for ax, name in zip(axes.ravel(), names):
+        settled = []  # the axis leaves out the first fifth of training, whose bound is far below the rest
+        for index, record in enumerate(r for r in curves if r["model"] == name):
+            colour = f"C{index % 10}"
+            bound, held_out = record["training_curve"]["bound"], record["training_curve"]["validation"]
+            last = max((i for i, _ in bound + held_out), default=0)
+            settled += [value for i, value in bound if i >= last / 5] + [value for _, value in held_out]
+            if bound:
+                ax.plot(*zip(*bound), color=colour, linewidth=1, label=f"seed {record['seed']}, train")
+            if held_out:
+                ax.plot(*zip(*held_out), "o--", color=colour, markersize=3, linewidth=1, label="held out")
+            if record.get("best_iteration") is not None:
+                ax.axvline(record["best_iteration"], color=colour, linestyle=":", linewidth=1)
+        if settled:
+            low, high = min(settled), max(settled)
+            pad = 0.1 * (high - low) or 1.0
+            ax.set_ylim(low - pad, high + pad)
+        ax.set_title(name)
+        ax.set_xlabel("iteration")
+        ax.set_ylabel("bound per row")
+        ax.legend(fontsize="x-small")
+    for ax in axes.ravel()[len(names):]:
+        ax.set_visible(False)
+    figure.suptitle(title)
     figure.tight_layout()
     try:
         return save_figure(figure, path)

@@ -170,8 +170,10 @@ def run_ratings(run: RatingsRun, progress: bool = True) -> dict[str, Any]:
                 continue
             record, predicted = fit_and_score(model, split)
             record["config"] = {"run": settings, "model": model_settings(model)}
-            if isinstance(model, NotMIWAERecommender) and model.history.validation:
-                record["best_iteration"] = model.history.best_iteration
+            if isinstance(model, NotMIWAERecommender):
+                record["training_curve"] = {"bound": model.history.bound, "validation": model.history.validation}
+                if model.history.validation:
+                    record["best_iteration"] = model.history.best_iteration
             record["provenance"] = results["provenance"]
             records.append(record)
             if seed == run.seeds[0]:
@@ -190,6 +192,8 @@ def run_ratings(run: RatingsRun, progress: bool = True) -> dict[str, Any]:
     plots.prediction_histograms(predictions, first_truth, out / "predictions_histogram.png",
                                 title=f"{data.name}, seed {run.seeds[0]}: predictions vs MCAR truth")
     plots.per_rating_mse(records, out / "per_rating_mse.png", title=f"{data.name}: MSE per true rating")
+    if any("training_curve" in r for r in records):
+        plots.training_curves(records, out / "training_curves.png", title=f"{data.name}: the bound while training")
     print(table)
     return results
 
@@ -232,6 +236,8 @@ def report(data: RatingsData, run: RatingsRun, table: str, estimator: list[dict[
         lines += ["", f"## {ESTIMATOR_MODEL}: importance samples K and the x_m factor at prediction", "",
                   estimator_table(estimator)]
     lines += ["", "![predictions](predictions_histogram.png)", "", "![per-rating MSE](per_rating_mse.png)", ""]
+    if any(name in VARIANTS for name in run.models):
+        lines += ["![training curves](training_curves.png)", ""]
     return "\n".join(lines)
 
 

@@ -30,12 +30,19 @@ def test_cli_writes_results_table_and_plots(tmp_path, capsys):
                  "--estimator-k", "10,20", "--out", str(out), "--no-progress"])
     assert code == 0
     assert sorted(p.name for p in out.iterdir()) == ["per_rating_mse.png", "predictions_histogram.png",
-                                                     "results.json", "results.md"]  # no temp files left
+                                                     "results.json", "results.md",
+                                                     "training_curves.png"]  # no temp files left
     results = json.loads((out / "results.json").read_text())
     assert len(results["records"]) == 10
     for record in results["records"]:
         assert REQUIRED <= set(record)
         assert record["config"]["run"]["iterations"] == 20 and record["provenance"]["package_version"]
+        # the not-MIWAE's bound, logged every 100 steps and at the last, and the held-out rows' bound at the
+        # checks (here only the last); the baselines have no curve
+        curve = record.get("training_curve")
+        assert (curve is not None) == (record["model"] == "notmiwae-gaussian")
+        assert curve is None or ([i for i, _ in curve["bound"]] == [i for i, _ in curve["validation"]] == [20]
+                                 and record["best_iteration"] == 20)
     by_seed = {}
     for record in results["records"]:
         by_seed.setdefault(record["seed"], set()).add(record["n_test"])

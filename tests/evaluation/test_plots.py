@@ -1,0 +1,34 @@
+"""The PNG figures: written whole, and refused when there is nothing to draw."""
+
+import matplotlib.image
+import pytest
+
+from mnar_recsys.evaluation import plots
+
+
+def curve_record(model, seed, best):
+    bound = [(i, -200.0 + i / 10) for i in range(100, 1001, 100)]
+    held_out = [(i, -150.0 - abs(i - best) / 50) for i in range(250, 1001, 250)]
+    return {"model": model, "seed": seed, "training_curve": {"bound": bound, "validation": held_out},
+            "best_iteration": best}
+
+
+def test_training_curves_draw_one_panel_per_model(tmp_path):
+    records = [curve_record("notmiwae-gaussian", 0, 500), curve_record("notmiwae-gaussian", 1, 750),
+               curve_record("miwae-gaussian", 0, 250), {"model": "mf", "seed": 0}]
+    path = plots.training_curves(records, tmp_path / "curves.png", title="test")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["curves.png"]  # no temporary file left
+    height, width, _ = matplotlib.image.imread(path).shape
+    # two 4.5 x 3.2 inch panels side by side (one would be 1.4 times as wide as high, three 4.2): the
+    # baseline without a curve gets none
+    assert 2.5 < width / height < 3.1
+
+
+def test_figures_refuse_empty_input(tmp_path):
+    with pytest.raises(ValueError, match="training curve"):
+        plots.training_curves([{"model": "mf", "seed": 0}], tmp_path / "curves.png")
+    with pytest.raises(ValueError, match="no predictions"):
+        plots.prediction_histograms({}, [1, 2], tmp_path / "histogram.png")
+    with pytest.raises(ValueError, match="no records"):
+        plots.per_rating_mse([], tmp_path / "mse.png")
+    assert list(tmp_path.iterdir()) == []
