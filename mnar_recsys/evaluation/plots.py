@@ -16,6 +16,26 @@ import numpy as np  # noqa: E402
 from mnar_recsys.evaluation.reports import save_figure  # noqa: E402
 
 
+def _panel_grid(n_panels: int, width: float, height: float, sharex: bool = False) -> tuple[plt.Figure, np.ndarray]:
+    """Up to three panels a row, each width x height inches; the unused ones hidden."""
+    columns = min(3, n_panels)
+    rows = -(-n_panels // columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(width * columns, height * rows), squeeze=False,
+                                sharex=sharex)
+    for ax in axes.ravel()[n_panels:]:
+        ax.set_visible(False)
+    return figure, axes
+
+
+def _save(figure: plt.Figure, path: str | Path, title: str) -> Path:
+    figure.suptitle(title)
+    figure.tight_layout()
+    try:
+        return save_figure(figure, path)
+    finally:
+        plt.close(figure)
+
+
 def prediction_histograms(predictions: dict[str, np.ndarray], truth: np.ndarray, path: str | Path,
                           title: str = "") -> Path:
     """One panel per model: the distribution of its predictions over the scored MCAR entries against the
@@ -23,9 +43,7 @@ def prediction_histograms(predictions: dict[str, np.ndarray], truth: np.ndarray,
     if not predictions:
         raise ValueError("no predictions to plot")
     names = list(predictions)
-    columns = min(3, len(names))
-    rows = -(-len(names) // columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(4 * columns, 3 * rows), squeeze=False, sharex=True)
+    figure, axes = _panel_grid(len(names), 4, 3, sharex=True)
     lo, hi = float(np.min(truth)), float(np.max(truth))
     truth_bins = np.arange(lo - 0.5, hi + 1.0, 1.0)  # one bar per rating level
     prediction_bins = np.arange(lo - 0.5, hi + 0.5 + 1e-9, 0.125)
@@ -35,15 +53,8 @@ def prediction_histograms(predictions: dict[str, np.ndarray], truth: np.ndarray,
                 label="predicted")
         ax.set_title(name)
         ax.set_xlabel("rating")
-    for ax in axes.ravel()[len(names):]:
-        ax.set_visible(False)
     axes[0, 0].legend(fontsize="small")
-    figure.suptitle(title)
-    figure.tight_layout()
-    try:
-        return save_figure(figure, path)
-    finally:
-        plt.close(figure)
+    return _save(figure, path, title)
 
 
 def per_rating_mse(records: list[dict[str, Any]], path: str | Path, title: str = "") -> Path:
@@ -61,13 +72,8 @@ def per_rating_mse(records: list[dict[str, Any]], path: str | Path, title: str =
     ax.set_xticks(np.arange(len(levels)), [str(level) for level in levels])
     ax.set_xlabel("true rating")
     ax.set_ylabel("MSE")
-    ax.set_title(title)
     ax.legend(fontsize="small", ncol=2)
-    figure.tight_layout()
-    try:
-        return save_figure(figure, path)
-    finally:
-        plt.close(figure)
+    return _save(figure, path, title)
 
 
 def training_curves(records: list[dict[str, Any]], path: str | Path, title: str = "") -> Path:
@@ -79,9 +85,7 @@ def training_curves(records: list[dict[str, Any]], path: str | Path, title: str 
     if not curves:
         raise ValueError("no records with a training curve to plot")
     names = list(dict.fromkeys(r["model"] for r in curves))
-    columns = min(3, len(names))
-    rows = -(-len(names) // columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(4.5 * columns, 3.2 * rows), squeeze=False)
+    figure, axes = _panel_grid(len(names), 4.5, 3.2)
     for ax, name in zip(axes.ravel(), names):
         settled = []  # the axis leaves out the first fifth of training, whose bound is far below the rest
         for index, record in enumerate(r for r in curves if r["model"] == name):
@@ -103,11 +107,4 @@ def training_curves(records: list[dict[str, Any]], path: str | Path, title: str 
         ax.set_xlabel("iteration")
         ax.set_ylabel("bound per row")
         ax.legend(fontsize="x-small")
-    for ax in axes.ravel()[len(names):]:
-        ax.set_visible(False)
-    figure.suptitle(title)
-    figure.tight_layout()
-    try:
-        return save_figure(figure, path)
-    finally:
-        plt.close(figure)
+    return _save(figure, path, title)
