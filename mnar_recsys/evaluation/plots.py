@@ -1,5 +1,5 @@
-"""Figures of the MCAR rating evaluation and of training, saved atomically as PNG (matplotlib, no display
-needed)."""
+"""Figures of the evaluations (MCAR ratings, UCI imputation) and of training, saved atomically as PNG
+(matplotlib, no display needed)."""
 
 from __future__ import annotations
 
@@ -107,4 +107,29 @@ def training_curves(records: list[dict[str, Any]], path: str | Path, title: str 
         ax.set_xlabel("iteration")
         ax.set_ylabel("bound per row")
         ax.legend(fontsize="x-small")
+    return _save(figure, path, title)
+
+
+def rmse_by_dataset(records: list[dict[str, Any]], reference: dict[str, dict[str, float]], path: str | Path,
+                    title: str = "") -> Path:
+    """One panel per data set: each model's mean RMSE over its runs with a standard-error bar, and a red
+    tick at the published value where `reference[model][dataset]` gives one (the paper's table 1)."""
+    if not records:
+        raise ValueError("no records to plot")
+    datasets = list(dict.fromkeys(r["dataset"] for r in records))
+    models = list(dict.fromkeys(r["model"] for r in records))
+    figure, axes = _panel_grid(len(datasets), 4.2, 0.35 * len(models) + 1.2)
+    positions = np.arange(len(models))
+    for ax, dataset in zip(axes.ravel(), datasets):
+        values = [np.array([r["rmse"] for r in records if r["model"] == m and r["dataset"] == dataset])
+                  for m in models]
+        means = [v.mean() if v.size else np.nan for v in values]
+        errors = [v.std(ddof=1) / np.sqrt(v.size) if v.size > 1 else 0.0 for v in values]
+        ax.barh(positions, means, xerr=errors, color="C0", alpha=0.7, ecolor="0.3")
+        published = [reference.get(m, {}).get(dataset, np.nan) for m in models]
+        ax.plot(published, positions, "|", color="C3", markersize=14, markeredgewidth=2.5)
+        ax.set_yticks(positions, models, fontsize="small")
+        ax.invert_yaxis()  # the first model on top, as in the table
+        ax.set_title(dataset)
+        ax.set_xlabel("imputation RMSE")
     return _save(figure, path, title)

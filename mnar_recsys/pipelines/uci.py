@@ -25,6 +25,7 @@ from mnar_recsys.data.amputation import apply_mask, paper_self_masking, standard
 from mnar_recsys.data.uci import UCI_DATASETS, load_uci
 from mnar_recsys.estimators.imputer import NotMIWAEImputer
 from mnar_recsys.evaluation.metrics import imputation_rmse
+from mnar_recsys.evaluation import plots
 from mnar_recsys.evaluation.reports import markdown_table, provenance, summarise, write_atomic, write_json
 from mnar_recsys.inference.importance import check_sampled_imputation
 
@@ -173,6 +174,9 @@ def run_uci(datasets: list[str], models: list[str], config: UCIConfig, out: Path
         records.sort(key=lambda r: order[r["dataset"], r["model"], r["run"]])
         write_json(out / "results.json", {**meta, "records": records})
     write_atomic(out / "results.md", results_markdown(records, config))
+    published = {model: dict(zip(UCI_DATASETS, values)) for model, values in PAPER_RMSE.items()}
+    plots.rmse_by_dataset(records, published, out / "rmse.png", title="UCI self-masking: imputation RMSE "
+                          "(bars: mean ± standard error over runs; red ticks: the paper)")
     return records
 
 
@@ -215,5 +219,5 @@ def _run(args: argparse.Namespace) -> int:
     records = run_uci(datasets, args.models, config, args.out, args.data_dir, jobs=args.jobs,
                       progress=not args.no_progress)
     print(results_markdown(records, config))
-    print(f"wrote {args.out / 'results.json'} and {args.out / 'results.md'}")
+    print(f"wrote {args.out / 'results.json'}, {args.out / 'results.md'} and {args.out / 'rmse.png'}")
     return 0

@@ -24,6 +24,17 @@ def test_training_curves_draw_one_panel_per_model(tmp_path):
     assert 2.5 < width / height < 3.1
 
 
+def test_rmse_by_dataset_draws_one_panel_per_data_set(tmp_path):
+    records = [{"dataset": dataset, "model": model, "rmse": rmse + 0.01 * run}
+               for dataset in ("banknote", "yeast") for model, rmse in (("notmiwae-agnostic", 0.7), ("mean", 1.7))
+               for run in range(3)]
+    path = plots.rmse_by_dataset(records, {"notmiwae-agnostic": {"banknote": 0.80}}, tmp_path / "rmse.png")
+    height, width, _ = matplotlib.image.imread(path).shape
+    # two 4.2 x 1.9 inch panels side by side, trimmed to their contents (one would be about 2.5 times as wide
+    # as high, three about 7.6)
+    assert 3.5 < width / height < 6
+
+
 def test_figures_refuse_empty_input(tmp_path):
     with pytest.raises(ValueError, match="training curve"):
         plots.training_curves([{"model": "mf", "seed": 0}], tmp_path / "curves.png")
@@ -31,4 +42,6 @@ def test_figures_refuse_empty_input(tmp_path):
         plots.prediction_histograms({}, [1, 2], tmp_path / "histogram.png")
     with pytest.raises(ValueError, match="no records"):
         plots.per_rating_mse([], tmp_path / "mse.png")
+    with pytest.raises(ValueError, match="no records"):
+        plots.rmse_by_dataset([], {}, tmp_path / "rmse.png")
     assert list(tmp_path.iterdir()) == []

@@ -25,6 +25,7 @@ def test_breast_cli_writes_results(tmp_path, monkeypatch):
     code = main(["uci", "--dataset", "breast", "--models", *models, "--runs", "2", "--iterations", "5",
                  "--importance-samples", "10", "--out", str(tmp_path)])
     assert code == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json", "results.md", "rmse.png"]
     payload = json.loads((tmp_path / "results.json").read_text())
     assert payload["provenance"]["package_version"] and payload["protocol"]["iterations"] == 5
     records = payload["records"]
