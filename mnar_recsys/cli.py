@@ -10,7 +10,7 @@ from mnar_recsys.allocator import keep_freed_memory
 
 # each module defines register(subparsers) which adds a parser whose `run` default takes the args
 PIPELINES = ("mnar_recsys.pipelines.demo", "mnar_recsys.pipelines.ratings", "mnar_recsys.pipelines.uci",
-             "mnar_recsys.pipelines.svhn", "mnar_recsys.pipelines.convert")
+             "mnar_recsys.pipelines.uci_table", "mnar_recsys.pipelines.svhn", "mnar_recsys.pipelines.convert")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -121,24 +121,49 @@ def run_one(dataset: str, model: str, complete: np.ndarray, mask: np.ndarray, ma
             "config": {"protocol": asdict(config), "estimator": imputer.get_params(), "model": model_config}}
 
 
-def results_markdown(records: list[dict[str, Any]], config: UCIConfig) -> str:
-    """Mean ± standard error over runs of RMSE and mask accuracy, with the paper's RMSE alongside."""
+def model_of_row(row: str) -> str:
+    """The model a table row shows: the row's name up to the first space (see `results_markdown`)."""
+    return row.split(" ")[0]
+
+
+def rmse_figure(records: list[dict[str, Any]], path: Path) -> Path:
+    """rmse.png: each row's RMSE per data set, with its model's value in the paper's table 1."""
+    published = {row: dict(zip(UCI_DATASETS, PAPER_RMSE[model_of_row(row)]))
+                 for row in {r["model"] for r in records} if model_of_row(row) in PAPER_RMSE}
+    return plots.rmse_by_dataset(records, published, path, title="UCI self-masking: imputation RMSE (bars: "
+                                 "mean ± standard error over runs; red ticks: the paper)")
+
+
+def results_markdown(records: list[dict[str, Any]], protocol: dict[str, Any]) -> str:
+    """Mean ± standard error over runs of RMSE and mask accuracy, with the paper's RMSE alongside.
+
+    A row is a record's `model`: a name in MODELS, or one with a suffix after a space (a variant of that
+    model, as `uci-table` writes). Cells say how many runs they hold when not all hold the same number."""
     datasets = [d for d in UCI_DATASETS if any(r["dataset"] == d for r in records)]
-    models = [m for m in MODELS if any(r["model"] == m for r in records)]
+    base = model_of_row
+    rows = sorted(dict.fromkeys(r["model"] for r in records),
+                  key=lambda row: (MODELS.index(base(row)) if base(row) in MODELS else len(MODELS), row))
 
-    def cell(model: str, dataset: str, key: str) -> str:
-        values = [r[key] for r in records if r["model"] == model and r["dataset"] == dataset and r[key] is not None]
-        return summarise(values, error="se") if values else "–"
+    def values(row: str, dataset: str, key: str) -> list[float]:
+        return [r[key] for r in records if r["model"] == row and r["dataset"] == dataset and r[key] is not None]
 
-    def paper(model: str, dataset: str) -> str:
-        return f"{PAPER_RMSE[model][UCI_DATASETS.index(dataset)]:.2f}" if model in PAPER_RMSE else "–"
+    counts = {len(values(row, d, "rmse")) for row in rows for d in datasets} - {0}
+
+    def cell(row: str, dataset: str, key: str) -> str:
+        found = values(row, dataset, key)
+        if not found:
+            return "–"
+        return summarise(found, error="se") + (f", n={len(found)}" if len(counts) > 1 else "")
+
+    def paper(row: str, dataset: str) -> str:
+        return f"{PAPER_RMSE[base(row)][UCI_DATASETS.index(dataset)]:.2f}" if base(row) in PAPER_RMSE else "–"
 
     text = (f"# UCI self-masking: imputation RMSE (standardised units)\n\nmean ± standard error over runs; "
-            f"protocol: {asdict(config)}\n\n")
-    text += markdown_table(["model", *datasets], [[m, *(cell(m, d, "rmse") for d in datasets)] for m in models])
+            f"protocol: {protocol}\n\n")
+    text += markdown_table(["model", *datasets], [[m, *(cell(m, d, "rmse") for d in datasets)] for m in rows])
     text += "\n## The paper's table 1 (mean over 5 runs, 100k iterations)\n\n"
-    text += markdown_table(["model", *datasets], [[m, *(paper(m, d) for d in datasets)] for m in models])
-    accuracy_models = [m for m in models if m in NEURAL_MODELS and NEURAL_MODELS[m][1] != "mcar"]
+    text += markdown_table(["model", *datasets], [[m, *(paper(m, d) for d in datasets)] for m in rows])
+    accuracy_models = [m for m in rows if base(m) in NEURAL_MODELS and NEURAL_MODELS[base(m)][1] != "mcar"]
     if accuracy_models:
         text += "\n## Mask accuracy of the learnt missing model on the complete data\n\n"
         text += markdown_table(["model", *datasets],
@@ -173,10 +198,8 @@ def run_uci(datasets: list[str], models: list[str], config: UCIConfig, out: Path
               f"({record['seconds']:.0f} s)", flush=True)
         records.sort(key=lambda r: order[r["dataset"], r["model"], r["run"]])
         write_json(out / "results.json", {**meta, "records": records})
-    write_atomic(out / "results.md", results_markdown(records, config))
-    published = {model: dict(zip(UCI_DATASETS, values)) for model, values in PAPER_RMSE.items()}
-    plots.rmse_by_dataset(records, published, out / "rmse.png", title="UCI self-masking: imputation RMSE "
-                          "(bars: mean ± standard error over runs; red ticks: the paper)")
+    write_atomic(out / "results.md", results_markdown(records, asdict(config)))
+    rmse_figure(records, out / "rmse.png")
     return records
 
 
@@ -218,6 +241,6 @@ def _run(args: argparse.Namespace) -> int:
     datasets = list(UCI_DATASETS) if args.dataset == "all" else [args.dataset]
     records = run_uci(datasets, args.models, config, args.out, args.data_dir, jobs=args.jobs,
                       progress=not args.no_progress)
-    print(results_markdown(records, config))
+    print(results_markdown(records, asdict(config)))
     print(f"wrote {args.out / 'results.json'}, {args.out / 'results.md'} and {args.out / 'rmse.png'}")
     return 0

@@ -1,0 +1,110 @@
+"""`mnar-recsys uci-table`: one UCI table from the results of many `uci` runs.
+
+Seeds of the full protocol are best run apart (`uci --runs 1 --seed S`, on as many cores or machines as
+there are), which leaves one results.json per run. This merges them: every record is kept with the file
+it came from, runs of one (data set, model, seed) may appear once only, and every file must share one
+protocol (iterations, batch size, K, importance samples, offset), since a table mixing them would
+compare unlike things. Agnostic models imputed from the drawn x_m (`--sampled-imputation draws`) get a
+row of their own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from mnar_recsys.evaluation.reports import provenance, write_atomic, write_json
+from mnar_recsys.pipelines.uci import MODELS, UCI_DATASETS, model_of_row, results_markdown, rmse_figure
+
+#: the protocol settings every merged file must share
+SHARED_PROTOCOL = ("iterations", "batch_size", "n_samples", "importance_samples", "offset")
+DRAWN = " (drawn x_m)"  # the row suffix of models imputed from the drawn x_m
+
+
+def results_files(paths: list[Path]) -> list[Path]:
+    """The given results.json files, and every results.json below the given folders, in a stable order."""
+    files = []
+    for path in paths:
+        if path.is_dir():
+            found = sorted(path.rglob("results.json"))
+            if not found:
+                raise FileNotFoundError(f"{path}: no results.json in this folder or below it")
+            files += found
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise FileNotFoundError(f"{path}: no such file or folder")
+    return files
+
+
+def _row(record: dict[str, Any], protocol: dict[str, Any]) -> str:
+    """The table row of a record: its model, marked when its sampled x_m were imputed from the draws."""
+    model_config = (record.get("config") or {}).get("model") or {}
+    drawn = protocol.get("sampled_imputation", "decoder-mean") == "draws" \
+        and model_config.get("missing_factor") == "sampled"
+    return record["model"] + (DRAWN if drawn else "")
+
+
+def merge(files: list[Path]) -> dict[str, Any]:
+    """The merged results: the shared protocol, each source file's provenance and protocol, and every
+    record with its row name and source. Raises ValueError naming the files that disagree."""
+    if not files:
+        raise ValueError("no results files to merge")
+    protocol, first, sources, records, seen = None, None, [], [], {}
+    for path in files:
+        try:
+            payload = json.loads(path.read_text())
+            file_protocol, file_records = payload["protocol"], payload["records"]
+        except (json.JSONDecodeError, KeyError, TypeError) as error:
+            raise ValueError(f"{path}: not a results.json written by `mnar-recsys uci` ({error})") from None
+        shared = {key: file_protocol.get(key) for key in SHARED_PROTOCOL}
+        if protocol is None:
+            protocol, first = shared, path
+        for key in SHARED_PROTOCOL:
+            if shared[key] != protocol[key]:
+                raise ValueError(f"{path} has {key} = {shared[key]!r} but {first} has {protocol[key]!r}: "
+                                 "merge runs of one protocol")
+        sources.append({"path": str(path), "provenance": payload.get("provenance"), "protocol": file_protocol})
+        for record in file_records:
+            row = _row(record, file_protocol)
+            key = (record["dataset"], row, record["seed"])
+            if key in seen:
+                raise ValueError(f"{record['dataset']}, {row}, seed {record['seed']} is in both {seen[key]} and "
+                                 f"{path}: keep one of them")
+            seen[key] = path
+            records.append({**record, "model": row, "source": str(path)})
+    def position(record: dict[str, Any]) -> tuple:
+        model = model_of_row(record["model"])
+        return (UCI_DATASETS.index(record["dataset"]), MODELS.index(model) if model in MODELS else len(MODELS),
+                record["model"], record["seed"])
+
+    records.sort(key=position)
+    return {"provenance": provenance(), "protocol": protocol, "sources": sources, "records": records}
+
+
+def write_table(merged: dict[str, Any], out: Path) -> str:
+    """Write results.json, results.md and rmse.png to `out`; return the markdown."""
+    records = merged["records"]
+    text = results_markdown(records, merged["protocol"])
+    write_json(out / "results.json", merged)
+    write_atomic(out / "results.md", text)
+    rmse_figure(records, out / "rmse.png")
+    return text
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("uci-table", help="merge the results.json of many `uci` runs into one table")
+    parser.add_argument("results", nargs="+", type=Path,
+                        help="results.json files, or folders searched for them")
+    parser.add_argument("--out", type=Path, default=Path("results/uci_table"))
+    parser.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    merged = merge(results_files(args.results))
+    print(write_table(merged, args.out))
+    print(f"merged {len(merged['records'])} runs from {len(merged['sources'])} files into "
+          f"{args.out / 'results.json'}, {args.out / 'results.md'} and {args.out / 'rmse.png'}")
+    return 0

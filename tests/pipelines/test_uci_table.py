@@ -1,0 +1,74 @@
+"""`mnar-recsys uci-table`: runs made apart merge into one table, and files that cannot be merged are refused."""
+
+import json
+
+import numpy as np
+import pytest
+
+from mnar_recsys.cli import main
+
+QUICK = ["--dataset", "breast", "--iterations", "5", "--importance-samples", "10", "--runs", "1"]
+
+
+@pytest.fixture
+def runs(tmp_path, monkeypatch):
+    """Three `uci` runs on Breast, as one would make them on separate cores: seeds 0 and 1 of the mean
+    and the agnostic not-MIWAE, and seed 0 of the agnostic one imputing from the drawn x_m."""
+    monkeypatch.delenv("MNAR_RECSYS_UCI_DIR", raising=False)  # Breast then comes from scikit-learn
+    for seed in (0, 1):
+        assert main(["uci", *QUICK, "--models", "mean", "notmiwae-agnostic", "--seed", str(seed),
+                     "--out", str(tmp_path / f"seed{seed}"), "--no-progress"]) == 0
+    assert main(["uci", *QUICK, "--models", "notmiwae-agnostic", "--seed", "0", "--sampled-imputation", "draws",
+                 "--out", str(tmp_path / "draws"), "--no-progress"]) == 0
+    return tmp_path
+
+
+def rmse(path, model):
+    return [r["rmse"] for r in json.loads(path.read_text())["records"] if r["model"] == model]
+
+
+def test_runs_merge_into_one_table(runs, capsys):
+    out = runs / "table"
+    assert main(["uci-table", str(runs / "seed0"), str(runs / "seed1" / "results.json"), str(runs / "draws"),
+                 "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["results.json", "results.md", "rmse.png"]
+    merged = json.loads((out / "results.json").read_text())
+    assert len(merged["sources"]) == 3 and merged["protocol"]["iterations"] == 5
+    assert [(r["model"], r["seed"]) for r in merged["records"]] == [
+        ("notmiwae-agnostic", 0), ("notmiwae-agnostic", 1), ("notmiwae-agnostic (drawn x_m)", 0), ("mean", 0),
+        ("mean", 1)]
+    assert all(r["source"].endswith("results.json") for r in merged["records"])
+    agnostic = rmse(runs / "seed0" / "results.json", "notmiwae-agnostic") \
+        + rmse(runs / "seed1" / "results.json", "notmiwae-agnostic")
+    mean, se = np.mean(agnostic), np.std(agnostic, ddof=1) / np.sqrt(2)
+    table = (out / "results.md").read_text()
+    # the two seeds pooled, counts shown since the drawn-x_m row holds one run; the paper's 1.10 alongside
+    assert f"| notmiwae-agnostic | {mean:.3f} ± {se:.3f}, n=2 |" in table
+    assert f"| notmiwae-agnostic (drawn x_m) | {rmse(runs / 'draws' / 'results.json', 'notmiwae-agnostic')[0]:.3f}, " \
+           "n=1 |" in table
+    assert "| notmiwae-agnostic (drawn x_m) | 1.10 |" in table
+    assert "merged 5 runs from 3 files" in capsys.readouterr().out
+
+
+def test_files_that_cannot_be_merged_are_refused(runs, tmp_path, capsys):
+    seed0 = runs / "seed0" / "results.json"
+    copy = tmp_path / "copy" / "results.json"
+    copy.parent.mkdir()
+    copy.write_text(seed0.read_text())
+    assert main(["uci-table", str(seed0), str(copy), "--out", str(tmp_path / "t1")]) == 2
+    error = capsys.readouterr().err
+    assert "breast, mean, seed 0 is in both" in error and str(seed0) in error and str(copy) in error
+
+    longer = json.loads(seed0.read_text())
+    longer["protocol"]["iterations"] = 100_000
+    copy.write_text(json.dumps(longer))
+    assert main(["uci-table", str(runs / "seed1"), str(copy), "--out", str(tmp_path / "t2")]) == 2
+    assert f"{copy} has iterations = 100000 but" in capsys.readouterr().err
+
+    copy.write_text(json.dumps({"records": []}))
+    assert main(["uci-table", str(copy), "--out", str(tmp_path / "t3")]) == 2
+    assert f"{copy}: not a results.json written by `mnar-recsys uci`" in capsys.readouterr().err
+
+    assert main(["uci-table", str(tmp_path / "nowhere"), "--out", str(tmp_path / "t4")]) == 2
+    assert "nowhere: no such file or folder" in capsys.readouterr().err
+    assert not any((tmp_path / name).exists() for name in ("t1", "t2", "t3", "t4"))  # nothing half-written
