@@ -67,7 +67,8 @@ def merge(files: list[Path]) -> dict[str, Any]:
                 raise ValueError(f"{path} has {key} = {shared[key]!r} but {first} has {protocol[key]!r}: "
                                  "merge runs of one protocol")
         sources.append({"path": str(path), "provenance": payload.get("provenance"), "protocol": file_protocol})
-        for record in file_records:
+        for index, record in enumerate(file_records):
+            _check_record(record, path, index)
             row = _row(record, file_protocol)
             key = (record["dataset"], row, record["seed"])
             if key in seen:
@@ -75,13 +76,24 @@ def merge(files: list[Path]) -> dict[str, Any]:
                                  f"{path}: keep one of them")
             seen[key] = path
             records.append({**record, "model": row, "source": str(path)})
-    def position(record: dict[str, Any]) -> tuple:
-        model = model_of_row(record["model"])
-        return (UCI_DATASETS.index(record["dataset"]), MODELS.index(model) if model in MODELS else len(MODELS),
-                record["model"], record["seed"])
-
-    records.sort(key=position)
+    records.sort(key=_table_position)
     return {"provenance": provenance(), "protocol": protocol, "sources": sources, "records": records}
+
+
+def _check_record(record: Any, path: Path, index: int) -> None:
+    missing = [key for key in ("dataset", "model", "seed", "rmse") if key not in record] \
+        if isinstance(record, dict) else ["all"]
+    if missing:
+        raise ValueError(f"{path}: record {index} lacks {', '.join(missing)}")
+    if record["dataset"] not in UCI_DATASETS:
+        raise ValueError(f"{path}: record {index} is on {record['dataset']!r}, not one of {', '.join(UCI_DATASETS)}")
+
+
+def _table_position(record: dict[str, Any]) -> tuple:
+    """Data sets in the paper's order, then models in MODELS order (each model's variants after it), then seeds."""
+    model = model_of_row(record["model"])
+    return (UCI_DATASETS.index(record["dataset"]), MODELS.index(model) if model in MODELS else len(MODELS),
+            record["model"], record["seed"])
 
 
 def write_table(merged: dict[str, Any], out: Path) -> str:

@@ -65,6 +65,20 @@ def test_files_that_cannot_be_merged_are_refused(runs, tmp_path, capsys):
     assert main(["uci-table", str(runs / "seed1"), str(copy), "--out", str(tmp_path / "t2")]) == 2
     assert f"{copy} has iterations = 100000 but" in capsys.readouterr().err
 
+    longer["protocol"]["iterations"] = 5
+    longer["records"][0]["dataset"] = "iris"
+    copy.write_text(json.dumps(longer))
+    assert main(["uci-table", str(copy), "--out", str(tmp_path / "t3")]) == 2
+    assert f"{copy}: record 0 is on 'iris', not one of banknote" in capsys.readouterr().err
+    del longer["records"][1]["rmse"]
+    copy.write_text(json.dumps(longer))
+    assert main(["uci-table", str(copy), "--out", str(tmp_path / "t3")]) == 2
+    assert f"{copy}: record 0 is on 'iris'" in capsys.readouterr().err  # the first fault named first
+    longer["records"][0]["dataset"] = "breast"
+    copy.write_text(json.dumps(longer))
+    assert main(["uci-table", str(copy), "--out", str(tmp_path / "t3")]) == 2
+    assert f"{copy}: record 1 lacks rmse" in capsys.readouterr().err
+
     copy.write_text(json.dumps({"records": []}))
     assert main(["uci-table", str(copy), "--out", str(tmp_path / "t3")]) == 2
     assert f"{copy}: not a results.json written by `mnar-recsys uci`" in capsys.readouterr().err
