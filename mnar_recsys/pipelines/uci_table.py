@@ -81,8 +81,9 @@ def merge(files: list[Path]) -> dict[str, Any]:
 
 
 def _check_record(record: Any, path: Path, index: int) -> None:
-    missing = [key for key in ("dataset", "model", "seed", "rmse") if key not in record] \
-        if isinstance(record, dict) else ["all"]
+    if not isinstance(record, dict):
+        raise ValueError(f"{path}: record {index} is not a JSON object")
+    missing = [key for key in ("dataset", "model", "seed", "rmse") if key not in record]
     if missing:
         raise ValueError(f"{path}: record {index} lacks {', '.join(missing)}")
     if record["dataset"] not in UCI_DATASETS:
