@@ -12,11 +12,16 @@ Accuracy: the rule integrates a smooth sigmoid well, a steep one badly. With 8 p
 log Pr(s = 0 | z), against adaptive quadrature, is 8e-6 nats for sd = |slope| x decoder sd = 1, 3e-3 at 2,
 0.03 at 3, 0.1 at 4 and 0.3 at 6; more points help slowly. For steep missing processes (SVHN clipping,
 slope 50) sample x_m instead (missing_factor='sampled').
+
+Speed: the exponentials are most of the work, and where sd is shared along an axis (one decoder variance
+per feature, as in the paper's models) σ_h = 1 / (1 + e^m e^{sd t_h}) needs one exponential per entry
+and one per (feature, node) rather than one per (entry, node): 1.6 times faster at the Yahoo! R3 shape.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from functools import lru_cache
 from types import EllipsisType
 
@@ -46,55 +51,126 @@ def _row_blocks(shape: torch.Size) -> list[slice | EllipsisType]:
     return [slice(start, start + step) for start in range(0, shape[0], step)]
 
 
-def _node_loop(neg_mean: torch.Tensor, sd: torch.Tensor, nodes: tuple[float, ...], weights: tuple[float, ...],
-               total: torch.Tensor, slope_sum: torch.Tensor | None, slope_t_sum: torch.Tensor | None) -> None:
-    """Write Σ_h ω_h σ_h, and for the gradient Σ_h ω_h σ_h (1 - σ_h) and Σ_h ω_h t_h σ_h (1 - σ_h), into the
-    given tensors, in place."""
-    for out in (total, slope_sum, slope_t_sum):
+def _node_loop(mean: torch.Tensor, sd: torch.Tensor, node_scales: list[torch.Tensor] | None,
+               nodes: tuple[float, ...], weights: tuple[float, ...],
+               log_total: torch.Tensor, d_mean: torch.Tensor | None, d_sd: torch.Tensor | None) -> None:
+    """Write log Σ_h ω_h σ_h and its derivatives in m and sd (where asked for) into the given tensors, in
+    place. With `node_scales` e^{sd t_h}, σ_h comes from them and e^m (`_node_scales`)."""
+    total = log_total
+    for out in (total, d_mean, d_sd):
         if out is not None:
             out.zero_()  # here rather than when allocated: one block is in cache, the whole tensor is not
     sig = torch.empty_like(total)
-    slope = torch.empty_like(total) if slope_sum is not None else None
-    for t, w in zip(nodes, weights):
-        torch.sub(neg_mean, sd, alpha=t, out=sig)
-        sig.sigmoid_()
+    slope = torch.empty_like(total) if d_mean is not None or d_sd is not None else None
+    if node_scales is None:
+        neg_mean = mean.neg()
+    else:
+        exp_mean, one = mean.exp(), total.new_ones(())
+    for h, (t, w) in enumerate(zip(nodes, weights)):
+        if node_scales is None:
+            torch.sub(neg_mean, sd, alpha=t, out=sig).sigmoid_()
+        else:
+            torch.addcmul(one, exp_mean, node_scales[h], out=sig).reciprocal_()
         total.add_(sig, alpha=w)
         if slope is not None:
             torch.addcmul(sig, sig, sig, value=-1.0, out=slope)  # σ (1 - σ)
-            slope_sum.add_(slope, alpha=w)
-            if slope_t_sum is not None:
-                slope_t_sum.add_(slope, alpha=w * t)
+            for out, alpha in ((d_mean, w), (d_sd, w * t)):
+                if out is not None:
+                    out.add_(slope, alpha=alpha)
+    # the floor only matters for entries missing with probability below 1e-38, where the model is absurd
+    total.clamp_min_(torch.finfo(total.dtype).tiny)
+    for out in (d_mean, d_sd):
+        if out is not None:
+            out.div_(total).neg_()
+    total.log_()
+
+
+def _fused_node_sums(mean: torch.Tensor, node_scales: list[torch.Tensor], nodes: tuple[float, ...],
+                     weights: tuple[float, ...], needs_grad: bool):
+    """`_node_loop` with node scales, written for torch.compile, which fuses it into one pass over the
+    entries rather than six per node: (log Σ_h ω_h σ_h, d/dm, d/dsd), the derivatives None without grad."""
+    exp_mean = mean.exp()
+    total = slope_sum = slope_t_sum = 0.0
+    for scale, t, w in zip(node_scales, nodes, weights):
+        sig = 1 / (1 + exp_mean * scale)
+        total = total + w * sig
+        if needs_grad:
+            slope = sig * (1 - sig)
+            slope_sum = slope_sum + w * slope
+            slope_t_sum = slope_t_sum + w * t * slope
+    total = total.clamp_min(torch.finfo(mean.dtype).tiny)
+    if not needs_grad:
+        return total.log(), None, None
+    return total.log(), -slope_sum / total, -slope_t_sum / total
+
+
+# compiled on first call (and again for a new input layout); None once compiling failed
+_compiled_node_sums = torch.compile(_fused_node_sums, dynamic=True)
+
+
+def _compiled(*args):
+    """`_fused_node_sums` compiled, or None where torch.compile cannot build it (no C++ compiler)."""
+    global _compiled_node_sums
+    if _compiled_node_sums is None:
+        return None
+    try:
+        return _compiled_node_sums(*args)
+    except torch._dynamo.exc.BackendCompilerFailed as error:
+        warnings.warn(f"torch.compile could not build the quadrature kernel ({str(error).splitlines()[0]}); "
+                      "it runs eagerly from now on, about 3 times slower", RuntimeWarning, stacklevel=2)
+        _compiled_node_sums = None
+        return None
+
+
+def _node_scales(mean: torch.Tensor, sd: torch.Tensor, nodes: tuple[float, ...],
+                 shape: torch.Size) -> list[torch.Tensor] | None:
+    """e^{sd t_h} for each node, broadcast to `shape`, where factoring e^{m + sd t_h} = e^m e^{sd t_h} saves
+    exponentials (sd smaller than the mean) and neither factor can overflow; None where it cannot be used.
+    Only on a CPU: on a GPU the exponentials are cheap next to the kernel launches, and the overflow check
+    would wait for the device."""
+    if mean.device.type != "cpu" or sd.numel() >= mean.numel() or mean.numel() == 0:
+        return None
+    # |m|, |sd t| <= half the largest exponent keep both factors and their product finite
+    limit = math.log(torch.finfo(mean.dtype).max) / 2 - 1
+    low, high = torch.aminmax(mean)
+    if max(-low.item(), high.item(), sd.abs().amax().item() * max(map(abs, nodes))) > limit:
+        return None
+    return [torch.exp(sd * t).expand(shape) for t in nodes]
 
 
 class _LogExpectedSigmoid(torch.autograd.Function):
     @staticmethod
     def forward(ctx, mean: torch.Tensor, sd: torch.Tensor, nodes: tuple[float, ...], weights: tuple[float, ...]):
-        neg_mean, sd_full = torch.broadcast_tensors(-mean, sd)  # torch.broadcast_shapes runs in Python, slowly
-        shape = neg_mean.shape
-        total = torch.empty(shape, dtype=mean.dtype, device=mean.device)
-        needs_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
-        # the gradient's sums are gathered here, while each σ_h is at hand, rather than recomputed later
-        slope_sum = torch.empty_like(total) if needs_grad else None
-        slope_t_sum = torch.empty_like(total) if ctx.needs_input_grad[1] else None
-        # on a GPU the whole tensor in one go: more, smaller kernels would only add launch overhead
-        for block in _row_blocks(shape) if total.device.type == "cpu" else [...]:
-            _node_loop(neg_mean[block], sd_full[block], nodes, weights, total[block],
-                       None if slope_sum is None else slope_sum[block],
-                       None if slope_t_sum is None else slope_t_sum[block])
-        total.clamp_min_(torch.finfo(total.dtype).tiny)
-        if needs_grad:
-            ctx.save_for_backward(total, slope_sum, slope_t_sum)
+        mean_full, sd_full = torch.broadcast_tensors(mean, sd)  # torch.broadcast_shapes runs in Python, slowly
+        shape = mean_full.shape
+        wants_mean, wants_sd = ctx.needs_input_grad[:2]
+        node_scales = _node_scales(mean, sd, nodes, shape)
+        fused = None if node_scales is None else _compiled(mean_full, node_scales, nodes, weights,
+                                                           wants_mean or wants_sd)
+        if fused is not None:
+            log_total, d_mean, d_sd = fused
+        else:
+            # the derivatives are gathered here, while each σ_h is at hand, rather than recomputed later
+            log_total = torch.empty(shape, dtype=mean.dtype, device=mean.device)
+            d_mean = torch.empty_like(log_total) if wants_mean else None
+            d_sd = torch.empty_like(log_total) if wants_sd else None
+            # on a GPU the whole tensor in one go: more, smaller kernels would only add launch overhead
+            for block in _row_blocks(shape) if mean.device.type == "cpu" else [...]:
+                _node_loop(mean_full[block], sd_full[block],
+                           None if node_scales is None else [scale[block] for scale in node_scales],
+                           nodes, weights, log_total[block],
+                           None if d_mean is None else d_mean[block], None if d_sd is None else d_sd[block])
+        if wants_mean or wants_sd:
+            ctx.save_for_backward(d_mean, d_sd)
             ctx.shapes = (mean.shape, sd.shape)
-        # the floor only matters for entries missing with probability below 1e-38, where the model is absurd
-        return total.log()
+        return log_total
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
-        total, slope_sum, slope_t_sum = ctx.saved_tensors
+        d_mean, d_sd = ctx.saved_tensors
         mean_shape, sd_shape = ctx.shapes
-        scale = -grad_out / total
-        grad_mean = (slope_sum * scale).sum_to_size(mean_shape) if ctx.needs_input_grad[0] else None
-        grad_sd = (slope_t_sum * scale).sum_to_size(sd_shape) if ctx.needs_input_grad[1] else None
+        grad_mean = (grad_out * d_mean).sum_to_size(mean_shape) if ctx.needs_input_grad[0] else None
+        grad_sd = (grad_out * d_sd).sum_to_size(sd_shape) if ctx.needs_input_grad[1] else None
         return grad_mean, grad_sd, None, None
 
 

@@ -53,20 +53,61 @@ def test_categorical_integrated_factor_is_the_exact_sum_over_levels():
     np.testing.assert_allclose(integrated, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("sd_shape", [(1, 1, 4), (5, 3, 4)])  # shared per feature (factored e^m e^{sd t}); per entry
 @pytest.mark.parametrize("block_entries", [7, 2 ** 18])
-def test_gaussian_kernel_in_row_blocks_is_the_plain_node_sum_in_value_and_gradient(monkeypatch, block_entries):
+def test_gaussian_kernel_in_row_blocks_is_the_plain_node_sum_in_value_and_gradient(monkeypatch, block_entries,
+                                                                                    sd_shape, compiled):
     """The Gauss-Hermite loop runs over blocks of rows (to stay in cache); with one row per block or one
-    block in all it gives log Σ_h ω_h σ(-(m + sd t_h)) and its autograd gradient, in float64."""
+    block in all, with sd per feature or per entry, compiled or eager, it gives log Σ_h ω_h σ(-(m + sd t_h))
+    and its autograd gradient, in float64."""
     monkeypatch.setattr(quadrature, "_BLOCK_ENTRIES", block_entries)
+    if not compiled:
+        monkeypatch.setattr(quadrature, "_compiled_node_sums", None)
     generator = torch.Generator().manual_seed(0)
     mean = torch.randn(5, 3, 4, generator=generator, dtype=torch.float64).requires_grad_()
-    sd = (0.2 + torch.rand(1, 1, 4, generator=generator, dtype=torch.float64)).requires_grad_()
+    sd = (0.2 + torch.rand(sd_shape, generator=generator, dtype=torch.float64)).requires_grad_()
     nodes, weights = (torch.tensor(v, dtype=torch.float64) for v in gauss_hermite(8))
     reference = torch.logsumexp(weights.log() + F.logsigmoid(-(mean[..., None] + sd[..., None] * nodes)), -1)
     kernel = log_expected_sigmoid(mean, sd)
     torch.testing.assert_close(kernel, reference)
     for a, b in zip(torch.autograd.grad(kernel.sum(), (mean, sd)), torch.autograd.grad(reference.sum(), (mean, sd))):
         torch.testing.assert_close(a, b)
+
+
+def test_gaussian_kernel_is_finite_where_factored_exponentials_would_overflow():
+    """Where e^m underflows to 0 and e^{sd t} overflows to inf in float32 (m = -110, sd t up to 124) their
+    product would be NaN: the kernel must fall back to one sigmoid per node there and still match float64."""
+    mean = torch.tensor([[-110.0, -5.0, 0.0, 30.0]]).repeat(3, 1).requires_grad_()
+    sd = torch.tensor([30.0, 1.0, 0.5, 2.0], requires_grad=True)
+    nodes, weights = (torch.tensor(v, dtype=torch.float64) for v in gauss_hermite(8))
+    mean64, sd64 = mean.detach().double().requires_grad_(), sd.detach().double().requires_grad_()
+    reference = torch.logsumexp(weights.log() + F.logsigmoid(-(mean64[..., None] + sd64[..., None] * nodes)), -1)
+    kernel = log_expected_sigmoid(mean, sd)
+    torch.testing.assert_close(kernel, reference.float())
+    for a, b in zip(torch.autograd.grad(kernel.sum(), (mean, sd)),
+                    torch.autograd.grad(reference.sum(), (mean64, sd64))):
+        torch.testing.assert_close(a, b.float())
+
+
+def test_gaussian_kernel_runs_eagerly_with_a_warning_once_compiling_fails(monkeypatch):
+    """Without a working C++ compiler torch.compile raises BackendCompilerFailed: the kernel warns once,
+    gives the same values from the eager loop, and does not try to compile again."""
+    calls = []
+
+    def failing(*args):
+        calls.append(args)
+        raise torch._dynamo.exc.BackendCompilerFailed(failing, RuntimeError("no working C++ compiler"), None)
+
+    mean, sd = torch.randn(6, 3, 4, dtype=torch.float64), 0.2 + torch.rand(4, dtype=torch.float64)
+    expected = log_expected_sigmoid(mean, sd)
+    monkeypatch.setattr(quadrature, "_compiled_node_sums", failing)
+    with pytest.warns(RuntimeWarning, match="could not build the quadrature kernel.*runs eagerly"):
+        first = log_expected_sigmoid(mean, sd)
+    second = log_expected_sigmoid(mean, sd)
+    assert len(calls) == 1
+    torch.testing.assert_close(first, expected)
+    torch.testing.assert_close(second, expected)
 
 
 @pytest.mark.parametrize("shapes", [
