@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mnar_recsys.models.encoders import mlp
+from mnar_recsys.models.gather import take
 from mnar_recsys.models.quadrature import gauss_hermite
 
 Params = tuple[torch.Tensor, ...]
@@ -50,10 +51,10 @@ def linear_at_entries(head: nn.Linear, h: torch.Tensor, rows: torch.Tensor, unit
     n_rows, n_units, width = h.shape[0], units.shape[1], h.shape[-1]
     slots, longest = _positions_in_rows(rows, n_rows)
     flat = rows * longest + slots
-    packed = h.new_zeros(n_rows * longest, n_units, width).index_copy(0, flat, head.weight[units])
+    packed = h.new_zeros(n_rows * longest, n_units, width).index_copy(0, flat, take(head.weight, units))
     out = torch.bmm(packed.view(n_rows, longest * n_units, width), h.transpose(1, 2))  # (B, L * U, K)
     picked = out.view(n_rows * longest, n_units, h.shape[1]).index_select(0, flat)  # (n, U, K)
-    return picked.transpose(1, 2) + head.bias[units][:, None, :]
+    return picked.transpose(1, 2) + take(head.bias, units)[:, None, :]
 
 
 class ObservationModel(nn.Module):
@@ -178,7 +179,7 @@ class GaussianDecoder(ObservationModel):
         if self.variance == "per_row":
             return None
         return self._scale(self.raw_var if features is None or self.variance == "isotropic"
-                           else self.raw_var[features])
+                           else take(self.raw_var, features))
 
     def _squashed(self, loc: torch.Tensor) -> torch.Tensor:
         if self.squash is None:
@@ -363,7 +364,7 @@ class StudentTDecoder(ObservationModel):
         # the head's first p units are the locations, the next p the raw scales
         units = torch.stack([cols, cols + self.raw_df.shape[0]], dim=1)
         loc, raw_scale = linear_at_entries(self.head, self.trunk(z), rows, units).unbind(-1)
-        return self._params(loc, raw_scale, self.raw_df[cols][:, None])
+        return self._params(loc, raw_scale, take(self.raw_df, cols)[:, None])
 
     def _params(self, loc: torch.Tensor, raw_scale: torch.Tensor, raw_df: torch.Tensor) -> Params:
         return loc, F.softplus(raw_scale) + self.min_scale, (1.0 + F.softplus(raw_df)).expand_as(loc)

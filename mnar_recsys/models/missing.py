@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mnar_recsys.models.encoders import mlp
+from mnar_recsys.models.gather import take
 
 
 def _logit(p: np.ndarray, like: torch.Tensor) -> torch.Tensor:
@@ -77,7 +78,7 @@ class SelfMasking(MissingModel):
         self.bias = nn.Parameter(torch.zeros(n_features))
 
     def feature_affine(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.weight[features], self.bias[features]
+        return take(self.weight, features), take(self.bias, features)
 
     def initialise(self, observed_fraction: np.ndarray, center: float) -> None:
         with torch.no_grad():
@@ -103,8 +104,8 @@ class SelfMaskingKnownSign(MissingModel):
         self.offset = nn.Parameter(torch.zeros(n_features))
 
     def feature_affine(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        slope = self.sign * F.softplus(self.raw_weight[features])
-        return slope, -slope * self.offset[features]
+        slope = self.sign * F.softplus(take(self.raw_weight, features))
+        return slope, -slope * take(self.offset, features)
 
     def initialise(self, observed_fraction: np.ndarray, center: float) -> None:
         with torch.no_grad():
@@ -135,7 +136,7 @@ class ItemwiseLogistic(MissingModel):
         return self.raw_weight if self.sign is None else self.sign * F.softplus(self.raw_weight)
 
     def feature_affine(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.weight, self.bias[features]
+        return self.weight, take(self.bias, features)
 
     def initialise(self, observed_fraction: np.ndarray, center: float) -> None:
         with torch.no_grad():
@@ -175,10 +176,10 @@ class LevelwiseLogistic(MissingModel):
         position = (x - self.lo).clamp(0, self.n_levels - 1)
         left = position.detach().floor().clamp(max=self.n_levels - 2).long()
         fraction = position - left
-        return torch.lerp(g[left], g[left + 1], fraction)
+        return torch.lerp(take(g, left), take(g, left + 1), fraction)
 
     def feature_logits(self, x: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        return self.value_logits(x) + self.bias[features]
+        return self.value_logits(x) + take(self.bias, features)
 
     def initialise(self, observed_fraction: np.ndarray, center: float) -> None:
         with torch.no_grad():

@@ -14,6 +14,7 @@ from mnar_recsys.data.rows import RowBatch
 from mnar_recsys.devices import cpu_normal
 from mnar_recsys.models.bound import BoundTerms, importance_weighted_bound
 from mnar_recsys.models.decoders import CategoricalDecoder, GaussianDecoder, ObservationModel, Params
+from mnar_recsys.models.gather import take
 from mnar_recsys.models.missing import LevelwiseLogistic, MissingModel, RowOffset, bernoulli_log_prob
 from mnar_recsys.models.quadrature import (log_expected_sigmoid, log_expected_sigmoid_categorical,
                                            log_expected_sigmoid_piecewise)
@@ -174,7 +175,7 @@ class NotMIWAE(nn.Module):
         """Σ_{j observed} log Pr(s_j = 1 | x_j) for a per-feature missing model: (B, 1), or (B, K) with an offset."""
         logits = self.missing_model.feature_logits(batch.obs_value, batch.obs_col)[:, None]
         if offset is not None:
-            logits = logits + offset[batch.obs_row]
+            logits = logits + take(offset, batch.obs_row)
         observed = F.logsigmoid(logits)
         return observed.new_zeros(batch.n_rows, observed.shape[1]).index_add_(0, batch.obs_row, observed)
 
@@ -182,7 +183,7 @@ class NotMIWAE(nn.Module):
                            offset: torch.Tensor | None) -> torch.Tensor:
         """Exact observed factors plus the weighted sum of the drawn unobserved ones: (B, K)."""
         features = draw.cols[:, None]
-        draw_offset = None if offset is None else offset[draw.rows]
+        draw_offset = None if offset is None else take(offset, draw.rows)
         if self.missing_factor == "integrated":
             per_draw = self.log_prob_missing(unobserved, features=features, offset=draw_offset)
         else:
@@ -211,7 +212,7 @@ class NotMIWAE(nn.Module):
                 if offset is not None:
                     intercept = intercept + offset
                 return log_expected_sigmoid(slope * loc + intercept, slope.abs() * scale, decoder.quadrature_points)
-            intercept = model.bias[features] if offset is None else model.bias[features] + offset
+            intercept = take(model.bias, features) if offset is None else take(model.bias, features) + offset
             return log_expected_sigmoid_piecewise(loc, scale, model.level_logits(), intercept, model.lo,
                                                   decoder.quadrature_points)
         if isinstance(decoder, CategoricalDecoder):

@@ -13,9 +13,12 @@ log Pr(s = 0 | z), against adaptive quadrature, is 8e-6 nats for sd = |slope| x 
 0.03 at 3, 0.1 at 4 and 0.3 at 6; more points help slowly. For steep missing processes (SVHN clipping,
 slope 50) sample x_m instead (missing_factor='sampled').
 
-Speed: the exponentials are most of the work, and where sd is shared along an axis (one decoder variance
-per feature, as in the paper's models) σ_h = 1 / (1 + e^m e^{sd t_h}) needs one exponential per entry
-and one per (feature, node) rather than one per (entry, node): 1.6 times faster at the Yahoo! R3 shape.
+Speed on a CPU: where sd is shared along an axis (one decoder variance per feature, as in the paper's
+models), σ_h = 1 / (1 + e^m e^{sd t_h}) needs one exponential per entry and one per (feature, node)
+rather than one per (entry, node), and torch.compile fuses the node loop into one pass over the entries.
+At the Yahoo! R3 shape (100 x 20 x 1,000) forward and backward took 7.4 ms against 17.4 ms for the
+eager loop (2 threads), a training step 24.7 ms against 32.0 ms. The eager loop remains for per-entry
+sd, for GPUs and where torch.compile has no C++ compiler.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ def _node_loop(mean: torch.Tensor, sd: torch.Tensor, node_scales: list[torch.Ten
                log_total: torch.Tensor, d_mean: torch.Tensor | None, d_sd: torch.Tensor | None) -> None:
     """Write log Σ_h ω_h σ_h and its derivatives in m and sd (where asked for) into the given tensors, in
     place. With `node_scales` e^{sd t_h}, σ_h comes from them and e^m (`_node_scales`)."""
-    total = log_total
+    total = log_total  # the sum, until its log is taken in place at the end
     for out in (total, d_mean, d_sd):
         if out is not None:
             out.zero_()  # here rather than when allocated: one block is in cache, the whole tensor is not
@@ -117,7 +120,7 @@ def _compiled(*args):
         return _compiled_node_sums(*args)
     except torch._dynamo.exc.BackendCompilerFailed as error:
         warnings.warn(f"torch.compile could not build the quadrature kernel ({str(error).splitlines()[0]}); "
-                      "it runs eagerly from now on, about 3 times slower", RuntimeWarning, stacklevel=2)
+                      "it runs eagerly from now on, 2 to 3 times slower", RuntimeWarning, stacklevel=2)
         _compiled_node_sums = None
         return None
 
