@@ -3,11 +3,12 @@
 Prints, each measured in its own process (so peak memory is its own):
   1. seconds per 1,000 training iterations (15,400 x 1,000 sparse rows, ~20 observed per row, batch 100,
      K = 20, latent 30, embedding 20, code 50), with sampled and with integrated x_m (the latter also
-     with glibc's default allocator settings, which the command line changes: `mnar_recsys.allocator`),
-     with integrated x_m and the missing term estimated from --unobserved-samples unobserved items per
-     row; and for the
-     categorical decoder with the row offset (`notmiwae-categorical-activity`), whose exact sum over the
-     levels is timed against the same sum written with PyTorch's log_softmax and logsumexp;
+     with glibc's default allocator settings, which the command line changes: `mnar_recsys.allocator`,
+     and its quadrature kernel alone, compiled against the eager loop), with integrated x_m and the
+     missing term estimated from --unobserved-samples unobserved items per row; and for the categorical
+     decoder with the row offset (`notmiwae-categorical-activity`), whose exact sum over the levels is
+     timed against the same sum written with PyTorch's log_softmax and logsumexp. Each after a 5-step
+     warm-up fit, timed apart, which includes torch.compile's build of the quadrature kernel;
   2. the imputation of 5,400 rows x 10 held-out items with K = 10,000 (integrated x_m); by default on
      --impute-rows rows and scaled linearly to 5,400 (the work is per row), --impute-rows 5400 for all;
   3. the set encoder's sparse segment-sum path against a dense masked one, and a training step from CSR
@@ -31,7 +32,8 @@ from isolation import isolated, peak_rss_mib  # bench/, on the path when this sc
 from mnar_recsys.data.rows import as_rows
 from mnar_recsys.inference.importance import ImportanceConfig, impute
 from mnar_recsys.models.config import ModelConfig, build_model
-from mnar_recsys.models.quadrature import log_expected_sigmoid_categorical
+from mnar_recsys.models import quadrature
+from mnar_recsys.models.quadrature import log_expected_sigmoid, log_expected_sigmoid_categorical
 from mnar_recsys.training.trainer import TrainConfig, fit
 
 USERS, ITEMS, PER_ROW, TEST_USERS, TEST_ITEMS = 15_400, 1_000, 20, 5_400, 10
@@ -47,12 +49,17 @@ def yahoo_shaped(n_rows: int, n_items: int, per_row: int, seed: int = 0) -> sp.c
 def train_seconds(missing_factor: str, iterations: int, unobserved_samples: int | None = None,
                   decoder: str = "gaussian", row_offset: bool = False) -> dict:
     data = yahoo_shaped(USERS, ITEMS, PER_ROW)
-    model = build_model(ModelConfig(n_features=ITEMS, missing_factor=missing_factor, decoder=decoder,
-                                    unobserved_samples=unobserved_samples, row_offset=row_offset))
+    config = ModelConfig(n_features=ITEMS, missing_factor=missing_factor, decoder=decoder,
+                         unobserved_samples=unobserved_samples, row_offset=row_offset)
+    start = time.perf_counter()
+    # a short fit first, so that torch.compile's one-off build of the quadrature kernel is timed apart
+    fit(build_model(config), data, TrainConfig(iterations=5, progress=False))
+    warm_up = time.perf_counter() - start
+    model = build_model(config)
     start = time.perf_counter()
     fit(model, data, TrainConfig(iterations=iterations, progress=False))
     seconds = time.perf_counter() - start
-    return {"per_1000": seconds * 1000 / iterations, "peak_mib": peak_rss_mib()}
+    return {"per_1000": seconds * 1000 / iterations, "peak_mib": peak_rss_mib(), "warm_up": warm_up}
 
 
 def impute_seconds(n_rows: int, n_samples: int) -> dict:
@@ -80,6 +87,21 @@ def _time(step, repeats: int) -> float:
     for _ in range(repeats):
         step()
     return (time.perf_counter() - start) / repeats
+
+
+def gaussian_kernel_seconds(compiled: bool, repeats: int = 20) -> dict:
+    """Forward and backward of the Gauss-Hermite missing factor over a batch's (100 x 20 x 1,000) entries,
+    with one sd per item, compiled or with the eager node loop."""
+    if not compiled:
+        quadrature._compiled_node_sums = None  # this process only: `isolated` runs each call in its own
+    generator = torch.Generator().manual_seed(0)
+    mean = torch.randn(100, 20, ITEMS, generator=generator).requires_grad_()
+    sd = (0.5 + torch.rand(ITEMS, generator=generator)).requires_grad_()
+
+    def kernel():
+        log_expected_sigmoid(mean, sd).sum().backward()
+
+    return {"seconds": _time(kernel, repeats)}
 
 
 def categorical_sum_seconds(repeats: int = 5) -> dict:
@@ -134,11 +156,16 @@ def main() -> None:
         r = isolated(train_seconds, factor, args.iterations, m)
         term = "exact missing term" if m is None else f"missing term from {m} unobserved items per row"
         print(f"training, {factor:10s} x_m, {term}: {r['per_1000']:7.1f} s per 1,000 iterations "
-              f"(target 10; ratio {r['per_1000'] / 10:.1f}x), peak {r['peak_mib']:.0f} MiB")
+              f"(target 10; ratio {r['per_1000'] / 10:.1f}x), peak {r['peak_mib']:.0f} MiB; "
+              f"the first 5 iterations, compiling included: {r['warm_up']:.1f} s")
         if factor == "integrated" and m is None:
             untuned = isolated(train_seconds, factor, args.iterations, m, keep_memory=False)
             print(f"  the same with glibc's default allocator settings: {untuned['per_1000']:7.1f} s "
                   f"(ratio {untuned['per_1000'] / r['per_1000']:.2f}x), peak {untuned['peak_mib']:.0f} MiB")
+            compiled, eager = isolated(gaussian_kernel_seconds, True), isolated(gaussian_kernel_seconds, False)
+            print(f"  its Gauss-Hermite missing factor, forward and backward: {compiled['seconds'] * 1e3:.1f} ms "
+                  f"compiled vs {eager['seconds'] * 1e3:.1f} ms with the eager node loop "
+                  f"(ratio {eager['seconds'] / compiled['seconds']:.1f}x)")
     r = isolated(train_seconds, "integrated", args.iterations, None, "categorical", True)
     print(f"training, categorical decoder with row offset, integrated x_m: {r['per_1000']:7.1f} s per 1,000 "
           f"iterations, peak {r['peak_mib']:.0f} MiB")
