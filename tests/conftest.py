@@ -17,6 +17,14 @@ def _one_thread():
     torch.set_num_threads(previous)
 
 
+@pytest.fixture
+def torch_threads():
+    """`torch_threads(n)` runs the rest of the test on n torch threads; the count before comes back after it."""
+    previous = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(previous)
+
+
 @pytest.fixture(scope="module")
 def ppca_model():
     """A PPCA-like MIWAE (linear decoder, one noise variance σ² = 0.3, MCAR) over 5 features with a 2-d latent

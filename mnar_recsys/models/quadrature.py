@@ -16,9 +16,9 @@ slope 50) sample x_m instead (missing_factor='sampled').
 Speed on a CPU: where sd is shared along an axis (one decoder variance per feature, as in the paper's
 models), σ_h = 1 / (1 + e^m e^{sd t_h}) needs one exponential per entry and one per (feature, node)
 rather than one per (entry, node), and torch.compile fuses the node loop into one pass over the entries.
-At the Yahoo! R3 shape (100 x 20 x 1,000) forward and backward took 7.4 ms against 17.4 ms for the
-eager loop (2 threads), a training step 24.7 ms against 32.0 ms. The eager loop remains for per-entry
-sd, for GPUs and where torch.compile has no C++ compiler.
+At the Yahoo! R3 shape (100 x 20 x 1,000) forward and backward took 9.3 ms against 18.9 ms for the
+eager loop (`bench/core_speed.py`, 2 threads). The eager loop remains for per-entry sd, for GPUs and
+where torch.compile has no C++ compiler.
 """
 
 from __future__ import annotations

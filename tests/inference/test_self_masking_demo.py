@@ -1,24 +1,14 @@
 """On self-masked synthetic data the not-MIWAE imputes clearly better than the MIWAE."""
 
 import pytest
-import torch
 
 from mnar_recsys.cli import main
 from mnar_recsys.pipelines.demo import DemoConfig, run_demo
 
 
-@pytest.fixture
-def one_torch_thread():
-    """Small networks train fastest on one thread; on shared cores two OpenMP threads spin and cost ~5x the CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_notmiwae_beats_miwae_on_self_masked_data(seed, one_torch_thread):
+def test_notmiwae_beats_miwae_on_self_masked_data(seed, torch_threads):
     """Values above the feature mean go missing in half the features (the paper's UCI protocol) on rank-3 data:
     the not-MIWAE (self-masking, known sign) has an imputation RMSE at least 0.2 below the MIWAE's and below
     mean imputation.
@@ -26,15 +16,17 @@ def test_notmiwae_beats_miwae_on_self_masked_data(seed, one_torch_thread):
     Small setting (200 rows, 200 iterations, 100 importance samples), measured MIWAE / not-MIWAE / mean
     imputation RMSE (one thread): seed 0 1.081 / 0.516 / 0.994, seed 1 0.825 / 0.435 / 1.005, seed 2 0.799 / 0.415 / 0.997.
     """
+    torch_threads(1)  # small networks train fastest on one; on shared cores two threads spin, ~5x the CPU
     result = run_demo(DemoConfig(n_rows=200, iterations=200, importance_samples=100, seed=seed))
     print(result)
     assert result["notmiwae"] < result["miwae"] - 0.2
     assert result["notmiwae"] < result["mean_imputation"] - 0.2
 
 
-def test_cli_prints_the_three_rmses(capsys, one_torch_thread):
+def test_cli_prints_the_three_rmses(capsys, torch_threads):
     """`mnar-recsys demo` with its options: the data's size and seed reach the run, and it prints one RMSE per
     method."""
+    torch_threads(1)
     assert main(["demo", "--n-rows", "60", "--n-features", "4", "--iterations", "3", "--importance-samples", "5",
                  "--seed", "7", "--no-progress"]) == 0
     out = capsys.readouterr().out

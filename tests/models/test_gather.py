@@ -15,14 +15,6 @@ from mnar_recsys.training.trainer import TrainConfig, fit
 needs_two_cores = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two CPU cores to run two threads")
 
 
-@pytest.fixture
-def two_threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize("source_shape, index", [
     ((7, 3), torch.tensor([4, 0, 4, 6])),  # rows of a matrix, one repeated
     ((7,), torch.tensor([[1, 1], [5, 0], [2, 1]])),  # a vector at a 2-d index
@@ -39,8 +31,9 @@ def test_take_is_indexing_in_value_and_gradient(source_shape, index):
 
 
 @needs_two_cores
-def test_take_gradient_repeats_bit_for_bit_with_two_threads(two_threads):
+def test_take_gradient_repeats_bit_for_bit_with_two_threads(torch_threads):
     """100,000 gathered entries onto 1,000 rows: past the size where indexing's backward adds with atomics."""
+    torch_threads(2)
     generator = torch.Generator().manual_seed(0)
     source = torch.randn(1000, 50, generator=generator, requires_grad=True)
     index = torch.randint(0, 1000, (2000,), generator=generator)
@@ -59,9 +52,10 @@ def ratings(n_rows: int = 300, n_items: int = 400, per_row: int = 20) -> sp.csr_
 
 @needs_two_cores
 @pytest.mark.parametrize("decoder, row_offset", [("gaussian", False), ("categorical", True)])
-def test_training_repeats_bit_for_bit_with_two_threads(two_threads, decoder, row_offset):
+def test_training_repeats_bit_for_bit_with_two_threads(torch_threads, decoder, row_offset):
     """The set encoder gathers 2,000 x 50 item codes per batch and the row offset 2,000 x 20 entries:
     with plain indexing two runs of the same seed drifted apart in the last bits."""
+    torch_threads(2)
     data = ratings()
     runs = []
     for _ in range(2):
