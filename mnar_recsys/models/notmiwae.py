@@ -212,7 +212,8 @@ class NotMIWAE(nn.Module):
                 if offset is not None:
                     intercept = intercept + offset
                 return log_expected_sigmoid(slope * loc + intercept, slope.abs() * scale, decoder.quadrature_points)
-            intercept = take(model.bias, features) if offset is None else take(model.bias, features) + offset
+            bias = take(model.bias, features)
+            intercept = bias if offset is None else bias + offset
             return log_expected_sigmoid_piecewise(loc, scale, model.level_logits(), intercept, model.lo,
                                                   decoder.quadrature_points)
         if isinstance(decoder, CategoricalDecoder):

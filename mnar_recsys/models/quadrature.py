@@ -89,7 +89,8 @@ def _node_loop(mean: torch.Tensor, sd: torch.Tensor, node_scales: list[torch.Ten
 
 
 def _fused_node_sums(mean: torch.Tensor, node_scales: list[torch.Tensor], nodes: tuple[float, ...],
-                     weights: tuple[float, ...], needs_grad: bool):
+                     weights: tuple[float, ...],
+                     needs_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """`_node_loop` with node scales, written for torch.compile, which fuses it into one pass over the
     entries rather than six per node: (log Σ_h ω_h σ_h, d/dm, d/dsd), the derivatives None without grad."""
     exp_mean = mean.exp()
