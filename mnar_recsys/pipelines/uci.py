@@ -24,8 +24,8 @@ from mnar_recsys.pipelines.arguments import add_config_options, config_from_opti
 from mnar_recsys.data.amputation import apply_mask, paper_self_masking, standardize
 from mnar_recsys.data.uci import UCI_DATASETS, load_uci
 from mnar_recsys.estimators.imputer import NotMIWAEImputer
-from mnar_recsys.evaluation.metrics import imputation_rmse
 from mnar_recsys.evaluation import plots
+from mnar_recsys.evaluation.metrics import imputation_rmse
 from mnar_recsys.evaluation.reports import markdown_table, provenance, summarise, write_atomic, write_json
 from mnar_recsys.inference.importance import check_sampled_imputation
 
@@ -126,6 +126,12 @@ def model_of_row(row: str) -> str:
     return row.split(" ")[0]
 
 
+def row_order(row: str) -> tuple[int, str]:
+    """Sort key of table rows: models in MODELS order, each model's variants after it, unknown ones last."""
+    model = model_of_row(row)
+    return MODELS.index(model) if model in MODELS else len(MODELS), row
+
+
 def rmse_figure(records: list[dict[str, Any]], path: Path) -> Path:
     """rmse.png: each row's RMSE per data set, with its model's value in the paper's table 1."""
     published = {row: dict(zip(UCI_DATASETS, PAPER_RMSE[model_of_row(row)]))
@@ -140,9 +146,7 @@ def results_markdown(records: list[dict[str, Any]], protocol: dict[str, Any]) ->
     A row is a record's `model`: a name in MODELS, or one with a suffix after a space (a variant of that
     model, as `uci-table` writes). Cells say how many runs they hold when not all hold the same number."""
     datasets = [d for d in UCI_DATASETS if any(r["dataset"] == d for r in records)]
-    base = model_of_row
-    rows = sorted(dict.fromkeys(r["model"] for r in records),
-                  key=lambda row: (MODELS.index(base(row)) if base(row) in MODELS else len(MODELS), row))
+    rows = sorted(dict.fromkeys(r["model"] for r in records), key=row_order)
 
     def values(row: str, dataset: str, key: str) -> list[float]:
         return [r[key] for r in records if r["model"] == row and r["dataset"] == dataset and r[key] is not None]
@@ -156,14 +160,16 @@ def results_markdown(records: list[dict[str, Any]], protocol: dict[str, Any]) ->
         return summarise(found, error="se") + (f", n={len(found)}" if len(counts) > 1 else "")
 
     def paper(row: str, dataset: str) -> str:
-        return f"{PAPER_RMSE[base(row)][UCI_DATASETS.index(dataset)]:.2f}" if base(row) in PAPER_RMSE else "–"
+        model = model_of_row(row)
+        return f"{PAPER_RMSE[model][UCI_DATASETS.index(dataset)]:.2f}" if model in PAPER_RMSE else "–"
 
     text = (f"# UCI self-masking: imputation RMSE (standardised units)\n\nmean ± standard error over runs; "
             f"protocol: {protocol}\n\n")
     text += markdown_table(["model", *datasets], [[m, *(cell(m, d, "rmse") for d in datasets)] for m in rows])
     text += "\n## The paper's table 1 (mean over 5 runs, 100k iterations)\n\n"
     text += markdown_table(["model", *datasets], [[m, *(paper(m, d) for d in datasets)] for m in rows])
-    accuracy_models = [m for m in rows if base(m) in NEURAL_MODELS and NEURAL_MODELS[base(m)][1] != "mcar"]
+    accuracy_models = [m for m in rows
+                       if model_of_row(m) in NEURAL_MODELS and NEURAL_MODELS[model_of_row(m)][1] != "mcar"]
     if accuracy_models:
         text += "\n## Mask accuracy of the learnt missing model on the complete data\n\n"
         text += markdown_table(["model", *datasets],

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from mnar_recsys.evaluation.reports import provenance, write_atomic, write_json
-from mnar_recsys.pipelines.uci import MODELS, UCI_DATASETS, model_of_row, results_markdown, rmse_figure
+from mnar_recsys.pipelines.uci import UCI_DATASETS, results_markdown, rmse_figure, row_order
 
 #: the protocol settings every merged file must share
 SHARED_PROTOCOL = ("iterations", "batch_size", "n_samples", "importance_samples", "offset")
@@ -91,10 +91,8 @@ def _check_record(record: Any, path: Path, index: int) -> None:
 
 
 def _table_position(record: dict[str, Any]) -> tuple:
-    """Data sets in the paper's order, then models in MODELS order (each model's variants after it), then seeds."""
-    model = model_of_row(record["model"])
-    return (UCI_DATASETS.index(record["dataset"]), MODELS.index(model) if model in MODELS else len(MODELS),
-            record["model"], record["seed"])
+    """Data sets in the paper's order, then rows in table order (`row_order`), then seeds."""
+    return UCI_DATASETS.index(record["dataset"]), *row_order(record["model"]), record["seed"]
 
 
 def write_table(merged: dict[str, Any], out: Path) -> str:
