@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from functools import lru_cache
+from functools import lru_cache, partial
 from types import EllipsisType
 
 import numpy as np
@@ -88,7 +88,7 @@ def _node_loop(mean: torch.Tensor, sd: torch.Tensor, node_scales: list[torch.Ten
     total.log_()
 
 
-def _fused_node_sums(mean: torch.Tensor, node_scales: list[torch.Tensor], nodes: tuple[float, ...],
+def _fused_node_sums(mean: torch.Tensor, node_scales: list[torch.Tensor], *, nodes: tuple[float, ...],
                      weights: tuple[float, ...],
                      needs_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """`_node_loop` with node scales, written for torch.compile, which fuses it into one pass over the
@@ -108,22 +108,33 @@ def _fused_node_sums(mean: torch.Tensor, node_scales: list[torch.Tensor], nodes:
     return total.log(), -slope_sum / total, -slope_t_sum / total
 
 
-# compiled on first call (and again for a new input layout); None once compiling failed
-_compiled_node_sums = torch.compile(_fused_node_sums, dynamic=True)
+class _Compiled:
+    """A kernel compiled by torch.compile, once for each set of constants (quadrature rule, whether gradients
+    are needed) and again for a new input layout; the nodes and weights are constants of the compiled code
+    rather than run-time values. Calls return None from the one on where compiling failed (no C++
+    compiler), after one warning; the caller then runs eagerly."""
+
+    def __init__(self, function):
+        self.function = function
+        self.compiled: dict[tuple, object] = {}
+        self.eager = False
+
+    def __call__(self, *tensors, **constants):
+        if self.eager:
+            return None
+        key = tuple(constants.items())
+        if key not in self.compiled:
+            self.compiled[key] = torch.compile(partial(self.function, **constants), dynamic=True)
+        try:
+            return self.compiled[key](*tensors)
+        except torch._dynamo.exc.BackendCompilerFailed as error:
+            warnings.warn(f"torch.compile could not build the quadrature kernel ({str(error).splitlines()[0]}); "
+                          "it runs eagerly from now on, 2 to 3 times slower", RuntimeWarning, stacklevel=3)
+            self.eager = True
+            return None
 
 
-def _compiled(*args):
-    """`_fused_node_sums` compiled, or None where torch.compile cannot build it (no C++ compiler)."""
-    global _compiled_node_sums
-    if _compiled_node_sums is None:
-        return None
-    try:
-        return _compiled_node_sums(*args)
-    except torch._dynamo.exc.BackendCompilerFailed as error:
-        warnings.warn(f"torch.compile could not build the quadrature kernel ({str(error).splitlines()[0]}); "
-                      "it runs eagerly from now on, 2 to 3 times slower", RuntimeWarning, stacklevel=2)
-        _compiled_node_sums = None
-        return None
+_compiled_node_sums = _Compiled(_fused_node_sums)
 
 
 def _node_scales(mean: torch.Tensor, sd: torch.Tensor, nodes: tuple[float, ...],
@@ -144,13 +155,15 @@ def _node_scales(mean: torch.Tensor, sd: torch.Tensor, nodes: tuple[float, ...],
 
 class _LogExpectedSigmoid(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, mean: torch.Tensor, sd: torch.Tensor, nodes: tuple[float, ...], weights: tuple[float, ...]):
+    def forward(ctx, mean: torch.Tensor, sd: torch.Tensor, nodes: tuple[float, ...], weights: tuple[float, ...],
+                grad_enabled: bool):
         mean_full, sd_full = torch.broadcast_tensors(mean, sd)  # torch.broadcast_shapes runs in Python, slowly
         shape = mean_full.shape
-        wants_mean, wants_sd = ctx.needs_input_grad[:2]
+        # needs_input_grad stays True under torch.no_grad (imputation), where no derivative is wanted
+        wants_mean, wants_sd = (grad_enabled and wants for wants in ctx.needs_input_grad[:2])
         node_scales = _node_scales(mean, sd, nodes, shape)
-        fused = None if node_scales is None else _compiled(mean_full, node_scales, nodes, weights,
-                                                           wants_mean or wants_sd)
+        fused = None if node_scales is None else _compiled_node_sums(
+            mean_full, node_scales, nodes=nodes, weights=weights, needs_grad=wants_mean or wants_sd)
         if fused is not None:
             log_total, d_mean, d_sd = fused
         else:
@@ -175,13 +188,13 @@ class _LogExpectedSigmoid(torch.autograd.Function):
         mean_shape, sd_shape = ctx.shapes
         grad_mean = (grad_out * d_mean).sum_to_size(mean_shape) if ctx.needs_input_grad[0] else None
         grad_sd = (grad_out * d_sd).sum_to_size(sd_shape) if ctx.needs_input_grad[1] else None
-        return grad_mean, grad_sd, None, None
+        return grad_mean, grad_sd, None, None, None
 
 
 def log_expected_sigmoid(mean: torch.Tensor, sd: torch.Tensor, n_points: int = 8) -> torch.Tensor:
     """log E[sigmoid(-u)], u ~ N(mean, sd²), elementwise (mean and sd broadcast)."""
     nodes, weights = gauss_hermite(n_points)
-    return _LogExpectedSigmoid.apply(mean, sd, nodes, weights)
+    return _LogExpectedSigmoid.apply(mean, sd, nodes, weights, torch.is_grad_enabled())
 
 
 class _LogExpectedSigmoidPiecewise(torch.autograd.Function):
@@ -195,13 +208,13 @@ class _LogExpectedSigmoidPiecewise(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, mean: torch.Tensor, sd: torch.Tensor, knot_logits: torch.Tensor, intercept: torch.Tensor,
-                lo: float, nodes: tuple[float, ...], weights: tuple[float, ...]):
+                lo: float, nodes: tuple[float, ...], weights: tuple[float, ...], grad_enabled: bool):
         shape = torch.broadcast_shapes(mean.shape, sd.shape, intercept.shape)
         last = knot_logits.numel() - 1
         slopes = knot_logits.diff()
         offset = mean - lo
         total = torch.zeros(shape, dtype=mean.dtype, device=mean.device)
-        grads = ctx.needs_input_grad
+        grads = [grad_enabled and wants for wants in ctx.needs_input_grad]  # none under torch.no_grad
         slope_sum = torch.zeros_like(total) if grads[0] or grads[1] else None
         slope_t_sum = torch.zeros_like(total) if grads[1] else None
         knot_sum = total.new_zeros((last + 1, *shape)) if grads[2] or grads[3] else None
@@ -243,7 +256,7 @@ class _LogExpectedSigmoidPiecewise(torch.autograd.Function):
             per_knot = knot_sum * scale
             grad_knots = per_knot.flatten(1).sum(1) if grads[2] else None
             grad_intercept = per_knot.sum(0).sum_to_size(intercept_shape) if grads[3] else None
-        return grad_mean, grad_sd, grad_knots, grad_intercept, None, None, None
+        return grad_mean, grad_sd, grad_knots, grad_intercept, None, None, None, None
 
 
 def log_expected_sigmoid_piecewise(mean: torch.Tensor, sd: torch.Tensor, knot_logits: torch.Tensor,
@@ -255,7 +268,8 @@ def log_expected_sigmoid_piecewise(mean: torch.Tensor, sd: torch.Tensor, knot_lo
     `log_expected_sigmoid`; the kinks of g make the rule less accurate than for a smooth logit.
     """
     nodes, weights = gauss_hermite(n_points)
-    return _LogExpectedSigmoidPiecewise.apply(mean, sd, knot_logits, intercept, float(lo), nodes, weights)
+    return _LogExpectedSigmoidPiecewise.apply(mean, sd, knot_logits, intercept, float(lo), nodes, weights,
+                                              torch.is_grad_enabled())
 
 
 class _LogExpectedSigmoidCategorical(torch.autograd.Function):
@@ -270,7 +284,8 @@ class _LogExpectedSigmoidCategorical(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, level_logits: torch.Tensor, selection: torch.Tensor, offset: torch.Tensor | None):
+    def forward(ctx, level_logits: torch.Tensor, selection: torch.Tensor, offset: torch.Tensor | None,
+                grad_enabled: bool):
         shape = level_logits.shape[:-1]
         if torch.broadcast_shapes(shape, selection.shape[:-1], *(() if offset is None else (offset.shape,))) != shape:
             raise ValueError(f"the level logits {tuple(level_logits.shape)} must have the full shape: selection "
@@ -279,7 +294,8 @@ class _LogExpectedSigmoidCategorical(torch.autograd.Function):
         top = level_logits.amax(-1)
         scaled_sum = level_logits.new_zeros(shape)
         tilted_sum = level_logits.new_zeros(shape)
-        keep = any(ctx.needs_input_grad)  # without gradients (imputation) each level is freed as it goes
+        # without gradients (imputation: needs_input_grad stays True under torch.no_grad) each level is freed
+        keep = grad_enabled and any(ctx.needs_input_grad)
         exps, missing = [], []
         for c in range(level_logits.shape[-1]):
             exp_c = torch.sub(level_logits[..., c], top).exp_()
@@ -301,7 +317,7 @@ class _LogExpectedSigmoidCategorical(torch.autograd.Function):
         scaled_sum, tilted_sum, *saved = ctx.saved_tensors
         n_levels = len(saved) // 2
         logits_shape, selection_shape, offset_shape = ctx.shapes
-        wants_levels, wants_selection, wants_offset = ctx.needs_input_grad
+        wants_levels, wants_selection, wants_offset = ctx.needs_input_grad[:3]
         per_tilted = grad_out / tilted_sum
         per_scaled = grad_out / scaled_sum if wants_levels else None
         levels = grad_out.new_empty(logits_shape) if wants_levels else None
@@ -319,7 +335,7 @@ class _LogExpectedSigmoidCategorical(torch.autograd.Function):
             if wants_offset:
                 grad_c = grad_logit.sum_to_size(offset_shape)
                 grad_offset = grad_c if grad_offset is None else grad_offset + grad_c
-        return levels, torch.stack(grad_selection, -1) if wants_selection else None, grad_offset
+        return levels, torch.stack(grad_selection, -1) if wants_selection else None, grad_offset, None
 
 
 def log_expected_sigmoid_categorical(level_logits: torch.Tensor, selection: torch.Tensor,
@@ -330,4 +346,4 @@ def log_expected_sigmoid_categorical(level_logits: torch.Tensor, selection: torc
     which shifts every level's logit (the row offset), broadcast against the level logits without
     enlarging them.
     """
-    return _LogExpectedSigmoidCategorical.apply(level_logits, selection, offset)
+    return _LogExpectedSigmoidCategorical.apply(level_logits, selection, offset, torch.is_grad_enabled())

@@ -63,7 +63,7 @@ def test_gaussian_kernel_in_row_blocks_is_the_plain_node_sum_in_value_and_gradie
     and its autograd gradient, in float64."""
     monkeypatch.setattr(quadrature, "_BLOCK_ENTRIES", block_entries)
     if not compiled:
-        monkeypatch.setattr(quadrature, "_compiled_node_sums", None)
+        monkeypatch.setattr(quadrature._compiled_node_sums, "eager", True)
     generator = torch.Generator().manual_seed(0)
     mean = torch.randn(5, 3, 4, generator=generator, dtype=torch.float64).requires_grad_()
     sd = (0.2 + torch.rand(sd_shape, generator=generator, dtype=torch.float64)).requires_grad_()
@@ -91,8 +91,8 @@ def test_gaussian_kernel_is_finite_where_factored_exponentials_would_overflow():
 
 
 def test_gaussian_kernel_runs_eagerly_with_a_warning_once_compiling_fails(monkeypatch):
-    """Without a working C++ compiler torch.compile raises BackendCompilerFailed: the kernel warns once,
-    gives the same values from the eager loop, and does not try to compile again."""
+    """Without a working C++ compiler what torch.compile returns raises BackendCompilerFailed when called: the
+    kernel warns once, gives the same values from the eager loop, and does not try to compile again."""
     calls = []
 
     def failing(*args):
@@ -101,7 +101,8 @@ def test_gaussian_kernel_runs_eagerly_with_a_warning_once_compiling_fails(monkey
 
     mean, sd = torch.randn(6, 3, 4, dtype=torch.float64), 0.2 + torch.rand(4, dtype=torch.float64)
     expected = log_expected_sigmoid(mean, sd)
-    monkeypatch.setattr(quadrature, "_compiled_node_sums", failing)
+    monkeypatch.setattr(torch, "compile", lambda function, **options: failing)
+    monkeypatch.setattr(quadrature._compiled_node_sums, "compiled", {})
     with pytest.warns(RuntimeWarning, match="could not build the quadrature kernel.*runs eagerly"):
         first = log_expected_sigmoid(mean, sd)
     second = log_expected_sigmoid(mean, sd)
@@ -242,3 +243,23 @@ def test_the_gaussian_kernel_takes_a_scalar_and_an_empty_tensor():
     assert value.shape == () and torch.allclose(value, log_expected_sigmoid(one, torch.tensor([1.0]))[0])
     assert torch.allclose(scalar.grad, one.grad[0])
     assert log_expected_sigmoid(torch.zeros(0, 3), torch.ones(3)).shape == (0, 3)
+
+
+def test_gaussian_kernel_skips_the_derivatives_under_no_grad(monkeypatch):
+    """Imputation runs under torch.no_grad with parameters that require grad, and autograd.Function still
+    reports needs_input_grad there: the kernel must ask for no derivatives, and give the same values."""
+    asked = []
+
+    def spy(*tensors, _kernel=quadrature._compiled_node_sums, **constants):
+        asked.append(constants["needs_grad"])
+        return _kernel(*tensors, **constants)
+
+    monkeypatch.setattr(quadrature, "_compiled_node_sums", spy)
+    generator = torch.Generator().manual_seed(0)
+    mean = torch.randn(5, 3, 4, generator=generator, requires_grad=True)
+    sd = (0.2 + torch.rand(4, generator=generator)).requires_grad_()
+    with torch.no_grad():
+        value = log_expected_sigmoid(mean, sd)
+    assert asked == [False]
+    torch.testing.assert_close(value, log_expected_sigmoid(mean, sd).detach())
+    assert asked == [False, True]
