@@ -9,9 +9,9 @@ Prints, each measured in its own process (so peak memory is its own):
      decoder with the row offset (`notmiwae-categorical-activity`), whose exact sum over the levels is
      timed against the same sum written with PyTorch's log_softmax and logsumexp. Each after a 5-step
      warm-up fit, timed apart, which includes torch.compile's build of the quadrature kernel;
-  2. the imputation of 5,400 rows x 10 held-out items with K = 10,000 (integrated x_m), after a 2-row warm-up
-     that builds the quadrature kernel; by default on
-     --impute-rows rows and scaled linearly to 5,400 (the work is per row), --impute-rows 5400 for all;
+  2. the imputation of 5,400 rows x 10 held-out items with K = 10,000 (integrated x_m), after a 2-row
+     warm-up that builds the quadrature kernel; by default on --impute-rows rows and scaled linearly to
+     5,400 (the work is per row), --impute-rows 5400 for all;
   3. the set encoder's sparse segment-sum path against a dense masked one, and a training step from CSR
      rows against the same rows given dense with NaN, at 1,000 and 10,000 items with 20 observed per row.
 Targets on the 2-core machine: <= 10 s per 1,000 iterations, <= 30 s for the imputation.

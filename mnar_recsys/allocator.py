@@ -4,8 +4,9 @@ glibc hands blocks above its mmap threshold back to the operating system when th
 trims the heap top beyond its trim threshold. A step at the Yahoo! R3 shape frees and reallocates
 dozens of 8 MB (rows x samples x items) temporaries, so every step pays page faults on them; keeping
 the memory cut the time of a step at that shape by 12% on the 2-core machine (38.7 against 44.0 s per
-1,000 iterations), and by 22% (23.4 against 29.9 s) since the quadrature kernel is compiled. The cost is that the process keeps its peak memory until it exits. The command
-line turns this on; call `keep_freed_memory()` to get it from Python.
+1,000 iterations), and by 22% (23.4 against 29.9 s) since the quadrature kernel is compiled. The cost
+is that the process keeps its peak memory until it exits. The command line turns this on; call
+`keep_freed_memory()` to get it from Python.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ def test_notmiwae_beats_miwae_on_self_masked_data(seed, torch_threads):
     mean imputation.
 
     Small setting (200 rows, 200 iterations, 100 importance samples), measured MIWAE / not-MIWAE / mean
-    imputation RMSE (one thread): seed 0 1.081 / 0.516 / 0.994, seed 1 0.825 / 0.435 / 1.005, seed 2 0.799 / 0.415 / 0.997.
+    imputation RMSE (one thread): seed 0 1.081 / 0.516 / 0.994, seed 1 0.825 / 0.435 / 1.005,
+    seed 2 0.799 / 0.415 / 0.997.
     """
     torch_threads(1)  # small networks train fastest on one; on shared cores two threads spin, ~5x the CPU
     result = run_demo(DemoConfig(n_rows=200, iterations=200, importance_samples=100, seed=seed))
