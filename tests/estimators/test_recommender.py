@@ -80,12 +80,14 @@ def test_same_seed_same_predictions_and_save_load_round_trip(small_ratings, tmp_
     model = make_recommender("notmiwae-gaussian", seed=3, **QUICK).fit(small_ratings.train)
     predicted = model.predict(users, items)
     again = make_recommender("notmiwae-gaussian", seed=3, **QUICK).fit(small_ratings.train).predict(users, items)
-    np.testing.assert_allclose(again, predicted, rtol=1e-5)
+    # 1e-4, not bit for bit: on a GPU the set encoder's sums add in no fixed order (atomic adds), and
+    # predictions repeat to about 1e-5 (1.0e-5 seen on an H100)
+    np.testing.assert_allclose(again, predicted, rtol=1e-4)
     model.save(tmp_path / "model")
     assert not [p for p in (tmp_path / "model").iterdir() if p.name.startswith(".")]  # no temp files left
     loaded = NotMIWAERecommender.load(tmp_path / "model")
     assert loaded.name == "notmiwae-gaussian" and loaded.config == model.config
-    np.testing.assert_allclose(loaded.predict(users, items), predicted, rtol=1e-5)
+    np.testing.assert_allclose(loaded.predict(users, items), predicted, rtol=1e-4)
     with pytest.raises(FileNotFoundError):
         NotMIWAERecommender.load(tmp_path / "nothing")
 
