@@ -11,6 +11,7 @@ fused loop of its own, and `FixedFunction` goes through the decoder's generic qu
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -67,22 +68,26 @@ class MCAR(MissingModel):
 
 
 class SelfMasking(MissingModel):
-    """logit_j = w_j x_j + b_j: one logistic regression per feature on its own value."""
+    """logit_j = w_j (x_j - b_j): one logistic regression per feature on its own value.
+
+    Written with a threshold b_j and started from Glorot-uniform w and b (random signs), as the paper's
+    code does. Written w_j x_j + c_j and started at w = 0, the model trained Adam into a worse optimum on
+    Concrete (RMSE 2.03 against the paper's 1.26: cement, slag and fly ash got the wrong sign).
+    """
 
     per_feature = True
     affine = True
 
     def __init__(self, n_features: int):
         super().__init__()
-        self.weight = nn.Parameter(torch.zeros(n_features))
-        self.bias = nn.Parameter(torch.zeros(n_features))
+        # TensorFlow's default for a (1, 1, p) variable: fan-in 1, fan-out p
+        limit = math.sqrt(6 / (1 + n_features))
+        self.weight = nn.Parameter(torch.empty(n_features).uniform_(-limit, limit))
+        self.offset = nn.Parameter(torch.empty(n_features).uniform_(-limit, limit))
 
     def feature_affine(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return take(self.weight, features), take(self.bias, features)
-
-    def initialise(self, observed_fraction: np.ndarray, center: float) -> None:
-        with torch.no_grad():
-            self.bias.copy_(_logit(observed_fraction, self.bias) - self.weight * center)
+        slope = take(self.weight, features)
+        return slope, -slope * take(self.offset, features)
 
 
 class SelfMaskingKnownSign(MissingModel):

@@ -16,14 +16,14 @@ from mnar_recsys.models.quadrature import gauss_hermite, log_expected_sigmoid, l
 
 def self_masking_model(decoder: str, n_features: int = 6, slopes: tuple[float, float] = (-1.5, 1.5),
                        quadrature_points: int = 8):
-    """A random model with a self-masking missing model whose slopes span `slopes` and random biases."""
+    """A random model with a self-masking missing model whose slopes span `slopes` and random thresholds."""
     torch.manual_seed(0)
     model = build_model(ModelConfig(n_features=n_features, latent_dim=3, encoder="mlp", encoder_hidden=(8,),
                                     decoder=decoder, decoder_hidden=(8,), squash=None, missing="self-masking",
                                     missing_factor="integrated", quadrature_points=quadrature_points))
     with torch.no_grad():
         model.missing_model.weight.copy_(torch.linspace(*slopes, n_features))
-        model.missing_model.bias.normal_(0.0, 1.0)
+        model.missing_model.offset.normal_(0.0, 1.0)
     return model
 
 
@@ -39,8 +39,7 @@ def test_categorical_integrated_factor_is_the_exact_sum_over_levels():
         params = model.decoder(torch.randn(4, 3, 3))
         integrated = model.log_ps(batch, params).double().numpy()
     probs = F.softmax(params[0].double(), dim=-1).numpy()  # (B, K, p, levels)
-    weight = model.missing_model.weight.detach().double().numpy()
-    bias = model.missing_model.bias.detach().double().numpy()
+    weight, bias = (t.detach().double().numpy() for t in model.missing_model.feature_affine(torch.arange(6)))
     expected = np.zeros(integrated.shape)
     for b, row in enumerate(rows):
         for j, value in enumerate(row):
@@ -157,7 +156,8 @@ def quadrature_and_monte_carlo(model) -> tuple[torch.Tensor, torch.Tensor]:
     strata = (np.arange(n_draws) + np.random.default_rng(1).random(n_draws)) / n_draws
     eps = torch.from_numpy(ndtri(strata))[:, None, None, None]
     x = loc + scale * eps
-    logits = model.missing_model.weight.detach().double() * x + model.missing_model.bias.detach().double()
+    slope, intercept = (t.detach().double() for t in model.missing_model.feature_affine(torch.arange(x.shape[-1])))
+    logits = slope * x + intercept
     return quadrature, torch.sigmoid(-logits).mean(0).log()
 
 

@@ -20,7 +20,7 @@ def test_log_ps_alone_has_gradients_for_decoder_and_missing_model(decoder, facto
                                     missing_factor=factor))
     with torch.no_grad():
         model.missing_model.weight.normal_(0.0, 1.0)
-        model.missing_model.bias.normal_(0.0, 1.0)
+        model.missing_model.offset.normal_(0.0, 1.0)
     rng = np.random.default_rng(0)
     rows = rng.integers(1, 6, size=(4, 6)).astype(float)
     rows[rng.random(rows.shape) < 0.5] = np.nan
