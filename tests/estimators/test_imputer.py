@@ -122,6 +122,21 @@ def test_dense_layers_start_as_in_the_reference_code(self_masked):
             assert layer.bias.detach().abs().max() < 1e-6
 
 
+def test_self_masking_model_starts_as_in_the_reference_code(self_masked):
+    """logit_j = w_j (x_j - b_j), with w and b Glorot-uniform over a (1, 1, p) variable as in the paper's TF
+    code, so of either sign. Written w x + c and started at w = 0, the deep model settled with the wrong
+    signs on Concrete (README, UCI)."""
+    _, _, Xm = self_masked
+    model = NotMIWAEImputer(iterations=1, lr=1e-12, missing="self-masking", importance_samples=20,
+                            random_state=0).fit(Xm).model_
+    missing = model.missing_model
+    limit = np.sqrt(6 / (1 + 6))
+    for start in (missing.weight.detach().numpy(), missing.offset.detach().numpy()):
+        assert np.abs(start).max() <= limit and (start > 0).any() and (start < 0).any()
+    slope, intercept = missing.feature_affine(torch.arange(6))
+    torch.testing.assert_close(slope * missing.offset + intercept, torch.zeros(6))  # logit 0 at the threshold
+
+
 def test_agnostic_missing_model_learns_the_mask_and_imputes(self_masked):
     """The agnostic missing model (logits linear in the whole completed row, x_m sampled) learns which entries
     go missing from the rows alone and imputes the missing entries better than the observed means, with
