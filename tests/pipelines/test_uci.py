@@ -82,14 +82,22 @@ def test_unknown_dataset_files_are_an_error(tmp_path, capsys):
 @pytest.mark.skipif(not all((UCI_DIR / expected_file(name)).is_file() for name in UCI_DATASETS),
                     reason=f"UCI files absent from {UCI_DIR}")
 def test_the_papers_ordering_holds_on_all_six_sets(tmp_path):
-    """Issue 4's bar at 500 of the paper's 100k iterations (K_pred 200). Measured RMSE, Banknote / Concrete /
-    Red / White / Yeast / Breast: not-MIWAE self-masking known 1.12 / 1.59 / 1.42 / 1.42 / 1.43 / 0.93,
-    MIWAE 1.35 / 1.70 / 1.70 / 1.66 / 1.66 / 1.30, mean 1.73 / 1.85 / 1.84 / 1.74 / 1.73 / 1.82; PPCA-like
-    not-MIWAE self-masking 0.91 / 1.25 / 1.39 / 1.33 / 1.29 / 0.91, PPCA 1.39 / 1.69 / 1.62 / 1.51 / 1.72 / 1.32."""
-    models = ["notmiwae-self-masking-known", "miwae", "mean", "notmiwae-ppca-self-masking", "ppca"]
-    assert main(["uci", "--dataset", "all", "--data-dir", str(UCI_DIR), "--models", *models, "--runs", "1",
-                 "--iterations", "500", "--importance-samples", "200", "--out", str(tmp_path), "--no-progress"]) == 0
-    rmse = {(r["dataset"], r["model"]): r["rmse"] for r in _records(tmp_path)}
+    """Issue 4's bar, shortened to 500 of the paper's 100k iterations (K_pred 200), and to 3,000 for the
+    PPCA-like self-masking model, whose weights start at random signs (as in the paper's code) and take
+    longer to find them: Banknote 1.81 after 500, 1.55 after 2,000, 1.23 after 3,000 (0.52 after 100k).
+    Measured RMSE, Banknote / Concrete / Red / White / Yeast / Breast: not-MIWAE self-masking known
+    1.12 / 1.59 / 1.42 / 1.42 / 1.43 / 0.93, MIWAE 1.35 / 1.70 / 1.70 / 1.66 / 1.66 / 1.30, mean 1.73 /
+    1.85 / 1.84 / 1.74 / 1.73 / 1.82; PPCA-like not-MIWAE self-masking (3,000) 1.23 / 1.42 / 1.32 / 1.35 /
+    1.21 / 0.77, PPCA 1.39 / 1.69 / 1.62 / 1.51 / 1.72 / 1.32."""
+    shortened = {"500": ["notmiwae-self-masking-known", "miwae", "mean", "ppca"],
+                 "3000": ["notmiwae-ppca-self-masking"]}
+    rmse = {}
+    for iterations, models in shortened.items():
+        out = tmp_path / iterations
+        assert main(["uci", "--dataset", "all", "--data-dir", str(UCI_DIR), "--models", *models, "--runs", "1",
+                     "--iterations", iterations, "--importance-samples", "200", "--out", str(out),
+                     "--no-progress"]) == 0
+        rmse |= {(r["dataset"], r["model"]): r["rmse"] for r in _records(out)}
     for name in UCI_DATASETS:
         assert rmse[name, "notmiwae-self-masking-known"] < rmse[name, "miwae"] - 0.05, name
         assert rmse[name, "notmiwae-self-masking-known"] < rmse[name, "mean"] - 0.2, name
