@@ -18,18 +18,19 @@ _LOG_2PI = np.log(2.0 * np.pi)
 class PPCAImputer(TransformerMixin, BaseEstimator):
     """Impute missing entries by their conditional mean E[x_m | x_o] under a PPCA model fit by EM.
 
-    ``n_components`` is the latent size q (None: D - 1, as in the paper's PPCA). With ``scale`` each
+    ``n_components`` is the latent size q (None: D - 1, as in the paper's PPCA). With ``standardize`` each
     feature is centred and scaled by its observed mean / sd before fitting, because the isotropic noise
     assumes comparable scales. EM stops after ``max_iter`` iterations or when the observed-data
     log-likelihood improves by less than ``tol`` times its magnitude; ``loglik_`` records it per
     iteration (in the scaled units).
     """
 
-    def __init__(self, n_components: int | None = None, max_iter: int = 300, tol: float = 1e-7, scale: bool = True):
+    def __init__(self, n_components: int | None = None, max_iter: int = 300, tol: float = 1e-7,
+                 standardize: bool = True):
         self.n_components = n_components
         self.max_iter = max_iter
         self.tol = tol
-        self.scale = scale
+        self.standardize = standardize
 
     def _prepare(self, X) -> tuple[np.ndarray, np.ndarray]:
         """Scaled data with missing entries zero-filled, and the observed indicator (float)."""
@@ -44,8 +45,8 @@ class PPCAImputer(TransformerMixin, BaseEstimator):
         if not 1 <= q < d:
             raise ValueError(f"PPCAImputer: n_components must be in 1..{d - 1} for {d} features, got {q}")
         self.n_features_in_ = d
-        self.center_ = np.nanmean(X, axis=0) if self.scale else np.zeros(d)
-        sd = np.nanstd(X, axis=0) if self.scale else np.ones(d)
+        self.center_ = np.nanmean(X, axis=0) if self.standardize else np.zeros(d)
+        sd = np.nanstd(X, axis=0) if self.standardize else np.ones(d)
         self.scale_ = np.where(sd > 0, sd, 1.0)
         X0, S = self._prepare(X)
 

@@ -95,8 +95,9 @@ def make_imputer(model: str, config: UCIConfig, seed: int, progress: bool = Fals
     if "random_state" in params:
         imputer.set_params(random_state=seed)
     if "standardize" in params:
-        # as for the neural models: the low-rank model's soft-impute shrinks towards 0, the complete data's
-        # mean here; re-centring on the observed mean, which MNAR biases, left it at mean imputation's RMSE
+        # as for the neural models: the data are standardised over the complete rows already. Re-centred on
+        # the observed means, which the masking biases, the low-rank model (soft-impute shrinks towards 0)
+        # imputed no better than the mean; PPCA, re-scaled, imputed Breast at 1.32 rather than 1.14
         imputer.set_params(standardize=False)
     return imputer
 

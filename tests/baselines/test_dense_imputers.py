@@ -99,7 +99,7 @@ def test_ppca_complete_data_matches_closed_form():
     """Without missing values EM converges to Tipping & Bishop's closed-form maximum-likelihood s2."""
     rng = np.random.default_rng(1)
     X = rng.standard_normal((500, 3)) @ rng.standard_normal((3, 5)) + 0.3 * rng.standard_normal((500, 5))
-    model = PPCAImputer(n_components=2, max_iter=2000, tol=1e-12, scale=False).fit(X)
+    model = PPCAImputer(n_components=2, max_iter=2000, tol=1e-12, standardize=False).fit(X)
     eigval = np.linalg.eigvalsh(np.cov(X, rowvar=False, bias=True))[::-1]
     assert model.noise_variance_ == pytest.approx(eigval[2:].mean(), rel=1e-4)
 
