@@ -1,8 +1,9 @@
 """Loaders for the six UCI data sets of the not-MIWAE paper (table 1), in the archive's own formats.
 
 Each loader returns the feature matrix only (float64, rows x features); class and target columns
-are dropped, except Concrete's compressive strength, which the paper's table kept (see its spec). Files are checked against SHA-256 sums hard-coded below (copied from the
-data card ``datasets/uci/README.md``); pass ``verify=False`` to read a file that differs on purpose.
+are dropped, except Concrete's compressive strength, which the paper's table kept (see its spec).
+Files are checked against SHA-256 sums hard-coded below (copied from the data card
+``datasets/uci/README.md``); pass ``verify=False`` to read a file that differs on purpose.
 Breast is also available without files from scikit-learn (``load_uci("breast")``).
 """
 
