@@ -28,8 +28,8 @@ class _Spec:
     n_features: int
     reader: Callable[[Path, "_Spec"], np.ndarray]
     sep: str | None = None  # text formats only; None = any whitespace
-    n_columns: int = 0  # columns in the raw file (text formats only)
-    keep: tuple[int, int] = (0, 0)  # [start, stop) of the feature columns (text formats only)
+    n_columns: int = 0  # columns in the raw file (or sheet)
+    keep: tuple[int, int] = (0, 0)  # [start, stop) of the feature columns
     header: bool = False
 
 
