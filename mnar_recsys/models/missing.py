@@ -72,8 +72,8 @@ class SelfMasking(MissingModel):
 
     Written with a threshold b_j and started from Glorot-uniform w and b (random signs), as the paper's
     code does. Written w_j x_j + c_j and started at w = 0, it trained into a worse optimum on Concrete
-    (RMSE 2.03 against the paper's 1.26, with the wrong sign for cement, slag and fly ash; 1.28 now),
-    though a better one on Red and Yeast (README, UCI table).
+    with 8 columns (RMSE 2.03 against the paper's 1.26, with the wrong sign for cement, slag and fly ash;
+    1.28 in this form), though a better one on Red and Yeast (README, UCI table).
     """
 
     per_feature = True
