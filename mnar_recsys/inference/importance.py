@@ -82,17 +82,6 @@ class Imputation:
     ess: np.ndarray
 
 
-def _gather_targets(params: Params, cols: torch.Tensor) -> Params:
-    """Pick target columns (B, T) out of decoder parameters (B, K, p, ...) -> (B, K, T, ...)."""
-    out = []
-    for t in params:
-        index = cols[:, None, :].expand(t.shape[0], t.shape[1], cols.shape[1])
-        if t.dim() == 4:
-            index = index[..., None].expand(-1, -1, -1, t.shape[3])
-        out.append(t.gather(2, index))
-    return tuple(out)
-
-
 def _selection_logits(model: NotMIWAE, x: torch.Tensor, cols: torch.Tensor,
                       offset: torch.Tensor | None) -> torch.Tensor:
     """logit Pr(s_j = 1 | x_j, z_k) at values x (B, K, T, ...): cols (B, T) are the targets' features,
@@ -295,14 +284,18 @@ def _all_missing(source: RowSource) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(rows), np.concatenate(cols)
 
 
-def _sample_chunks(model: NotMIWAE, batch: RowBatch, config: ImportanceConfig):
-    """Yield the K samples in sub-chunks, as many per chunk as config.chunk_entries allows."""
+def _sample_chunks(model: NotMIWAE, batch: RowBatch, config: ImportanceConfig, targets: torch.Tensor):
+    """Yield the K samples in sub-chunks, as many per chunk as config.chunk_entries allows, with the decoder's
+    parameters at the target columns (B, T)."""
+    for k in _sample_counts(model, batch, config):
+        yield model.sample(batch, k, targets)
+
+
+def _sample_counts(model: NotMIWAE, batch: RowBatch, config: ImportanceConfig):
+    """The number of samples in each sub-chunk of K."""
     per_chunk = max(1, config.chunk_entries // (batch.n_rows * model.n_features))
-    done = 0
-    while done < config.n_samples:
-        k = min(per_chunk, config.n_samples - done)
-        yield model.sample(batch, k)
-        done += k
+    for done in range(0, config.n_samples, per_chunk):
+        yield min(per_chunk, config.n_samples - done)
 
 
 def _averages_draws(model: NotMIWAE, config: ImportanceConfig) -> bool:
@@ -332,11 +325,9 @@ def _impute_chunk(model: NotMIWAE, batch: RowBatch, cols: torch.Tensor, methods:
     weight_sq_sum = torch.zeros_like(running_max)
     mean_sum = torch.zeros(cols.shape, device=cols.device)
     kept_log_w, kept_params, kept_offsets, kept_drawn = [], [], [], []
-    for samples in _sample_chunks(model, batch, config):
-        log_w, offset = samples.terms.log_weights, samples.offset
-        targets = _gather_targets(samples.params, cols)
-        # the x_m,k the weights were computed with, at the targets (B, K, T)
-        drawn = _gather_targets((samples.completed,), cols)[0] if use_draws else None
+    for samples in _sample_chunks(model, batch, config, cols):
+        log_w, offset, targets = samples.terms.log_weights, samples.offset, samples.params
+        drawn = samples.completed if use_draws else None  # the x_m,k the weights were computed with (B, K, T)
         new_max = torch.maximum(running_max, log_w.amax(1))
         rescale = torch.exp(running_max - new_max)
         w = torch.exp(log_w - new_max[:, None])
@@ -391,8 +382,8 @@ def log_likelihood(model: NotMIWAE, data: "np.ndarray | sp.spmatrix | RowSource"
         stop = min(start + config.row_chunk, source.n_rows)
         batch = source.batch(np.arange(start, stop)).to(device)
         total = torch.full((stop - start,), -float("inf"), device=batch.obs_value.device)
-        for samples in _sample_chunks(model, batch, config):
-            total = torch.logaddexp(total, torch.logsumexp(samples.terms.log_weights, dim=1))
+        for k in _sample_counts(model, batch, config):
+            total = torch.logaddexp(total, torch.logsumexp(model.exact_terms(batch, k).log_weights, dim=1))
         out[start:stop] = (total - math.log(config.n_samples)).cpu().numpy()
         bar.update(stop - start)
     bar.close()

@@ -29,10 +29,10 @@ class Samples:
     """Everything one pass of K importance samples produces for a batch."""
 
     z: torch.Tensor  # (B, K, d)
-    params: Params  # decoder parameters, feature axis at 2: (B, K, p, ...)
+    params: Params  # decoder parameters, feature axis at 2: (B, K, p, ...), or (B, K, T, ...) at T targets
     terms: BoundTerms
     offset: torch.Tensor | None  # the row offset a(z_k) of every selection logit, (B, K); None without one
-    completed: torch.Tensor | None  # the rows with the x_m,k the sampled factor scored drawn in, (B, K, p)
+    completed: torch.Tensor | None  # the rows with the x_m,k the sampled factor scored drawn in, (B, K, p or T)
 
 
 class NotMIWAE(nn.Module):
@@ -78,24 +78,45 @@ class NotMIWAE(nn.Module):
         self.missing_factor = missing_factor
         self.unobserved_samples = unobserved_samples
 
-    def sample(self, batch: RowBatch, n_samples: int) -> Samples:
-        """Draw K samples per row and compute the bound's four log-terms exactly."""
+    def sample(self, batch: RowBatch, n_samples: int, targets: torch.Tensor | None = None) -> Samples:
+        """Draw K samples per row and compute the bound's four log-terms exactly.
+
+        With `targets`, columns of shape (B, T), `params` and `completed` hold those columns only,
+        (B, K, T, ...). The MIWAE then computes its decoder at the observed entries and the targets alone:
+        its p(s) is constant, so no other output enters the weights.
+        """
         z, log_pz, log_qz = self._latent(batch, n_samples)
+        if self.missing_model.is_mcar and targets is not None:
+            observed, at_targets = self._at_observed_and_targets(batch, z, targets)
+            terms = BoundTerms(self._log_px_entries(batch, observed), z.new_zeros(z.shape[:2]), log_pz, log_qz)
+            return Samples(z, at_targets, terms, None, None)
         params = self.decoder(z)
         offset = self._row_offset(z)
         completed = self.complete(batch, params)
         terms = BoundTerms(self.log_px_obs(batch, params), self.log_ps(batch, params, offset, completed), log_pz,
                            log_qz)
+        if targets is not None:
+            params = _at_columns(params, targets)
+            completed = None if completed is None else _at_columns((completed,), targets)[0]
         return Samples(z, params, terms, offset, completed)
+
+    def exact_terms(self, batch: RowBatch, n_samples: int) -> BoundTerms:
+        """The bound's four log-terms, exactly, whatever `unobserved_samples` says; the MIWAE's from the
+        observed entries alone."""
+        if not self.missing_model.is_mcar:
+            return self.sample(batch, n_samples).terms
+        z, log_pz, log_qz = self._latent(batch, n_samples)
+        return BoundTerms(self._log_px_observed(batch, z), z.new_zeros(z.shape[:2]), log_pz, log_qz)
 
     def forward(self, batch: RowBatch, n_samples: int) -> torch.Tensor:
         """The bound, so that DistributedDataParallel's forward hooks see the training computation."""
         return self.bound(batch, n_samples)
 
     def bound(self, batch: RowBatch, n_samples: int) -> torch.Tensor:
-        """L_K for each row of the batch, shape (B,); its subsampled estimate when `unobserved_samples` is set."""
-        if self.unobserved_samples is None:
-            return importance_weighted_bound(self.sample(batch, n_samples).terms.log_weights)
+        """L_K for each row of the batch, shape (B,); its subsampled estimate when `unobserved_samples` is set
+        (the MIWAE's is always exact: it has no missing term)."""
+        if self.unobserved_samples is None or self.missing_model.is_mcar:
+            return importance_weighted_bound(self.exact_terms(batch, n_samples).log_weights)
         return importance_weighted_bound(self.subsampled_terms(batch, n_samples).log_weights)
 
     def subsampled_terms(self, batch: RowBatch, n_samples: int) -> BoundTerms:
@@ -112,8 +133,7 @@ class NotMIWAE(nn.Module):
         if self.unobserved_samples is None:
             raise ValueError("subsampling needs unobserved_samples to be set on the model")
         if self.missing_model.is_mcar:
-            observed = self.decoder.forward_entries(z, batch.obs_row, batch.obs_col)
-            return self._log_px_entries(batch, observed), z.new_zeros(z.shape[:2])
+            return self._log_px_observed(batch, z), z.new_zeros(z.shape[:2])
         draw = draw_unobserved(batch, self.unobserved_samples)
         offset = self._row_offset(z)
         params = self.decoder.forward_entries(z, torch.cat([batch.obs_row, draw.rows]),
@@ -144,6 +164,22 @@ class NotMIWAE(nn.Module):
     def log_px_obs(self, batch: RowBatch, params: Params) -> torch.Tensor:
         """Σ_{j observed} log p(x_j | z_k), computed on the observed entries only: (B, K)."""
         return self._log_px_entries(batch, self.decoder.at_entries(params, batch.obs_row, batch.obs_col))
+
+    def _log_px_observed(self, batch: RowBatch, z: torch.Tensor) -> torch.Tensor:
+        """Σ_{j observed} log p(x_j | z_k) with the decoder computed at the observed entries only: (B, K)."""
+        return self._log_px_entries(batch, self.decoder.forward_entries(z, batch.obs_row, batch.obs_col))
+
+    def _at_observed_and_targets(self, batch: RowBatch, z: torch.Tensor,
+                                 targets: torch.Tensor) -> tuple[Params, Params]:
+        """The decoder's parameters, computed in one pass at the observed entries (nnz, K, ...) and at columns
+        `targets` (B, T) of each row (B, K, T, ...), and nowhere else."""
+        n_rows, width = targets.shape
+        target_rows = torch.arange(n_rows, device=targets.device).repeat_interleave(width)
+        params = self.decoder.forward_entries(z, torch.cat([batch.obs_row, target_rows]),
+                                              torch.cat([batch.obs_col, targets.reshape(-1)]))
+        n_observed = batch.obs_row.numel()
+        return (tuple(t[:n_observed] for t in params),
+                tuple(t[n_observed:].view(n_rows, width, *t.shape[1:]).movedim(1, 2) for t in params))
 
     def _log_px_entries(self, batch: RowBatch, observed: Params) -> torch.Tensor:
         """Σ_{j observed} log p(x_j | z_k) from the parameters at the observed entries (nnz, K, ...): (B, K)."""
@@ -227,6 +263,17 @@ class NotMIWAE(nn.Module):
         if offset is not None:
             logits = logits + offset[..., None]
         return torch.logsumexp(log_w + F.logsigmoid(-logits), dim=-1)
+
+
+def _at_columns(tensors: tuple[torch.Tensor, ...], cols: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Columns cols (B, T) of each row out of tensors (B, K, p, ...): each (B, K, T, ...)."""
+    out = []
+    for t in tensors:
+        index = cols[:, None, :].expand(t.shape[0], t.shape[1], cols.shape[1])
+        if t.dim() == 4:
+            index = index[..., None].expand(-1, -1, -1, t.shape[3])
+        out.append(t.gather(2, index))
+    return tuple(out)
 
 
 def _check_unobserved_samples(unobserved_samples: int | None, missing_model: MissingModel) -> None:
