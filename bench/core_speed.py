@@ -4,15 +4,17 @@ Prints, each measured in its own process (so peak memory is its own):
   1. seconds per 1,000 training iterations (15,400 x 1,000 sparse rows, ~20 observed per row, batch 100,
      K = 20, latent 30, embedding 20, code 50), with sampled and with integrated x_m (the latter also
      with glibc's default allocator settings, which the command line changes: `mnar_recsys.allocator`,
-     and its quadrature kernel alone, compiled against the eager loop), with integrated x_m and the
+     its quadrature kernel alone, compiled against the eager loop, and its decoder's mean at every item
+     alone, the least an exact step computes), with integrated x_m and the
      missing term estimated from --unobserved-samples unobserved items per row; and for the categorical
      decoder with the row offset (`notmiwae-categorical-activity`), whose exact sum over the levels is
      timed against the same sum written with PyTorch's log_softmax and logsumexp. Each after a 5-step
      warm-up fit, timed apart, which includes torch.compile's build of the quadrature kernel;
   2. the imputation of 5,400 rows x 10 held-out items with K = 10,000 (integrated x_m), after a 2-row
      warm-up that builds the quadrature kernel; by default on --impute-rows rows and scaled linearly to
-     5,400 (the work is per row), --impute-rows 5400 for all; training and imputation of the MIWAE, whose
-     decoder runs only where an observed or imputed entry needs it;
+     5,400 (the work is per row), --impute-rows 5400 for all; the decoder's mean alone at all its (row,
+     sample, item) entries, the least an exact imputation computes; training and imputation of the MIWAE,
+     whose decoder runs only where an observed or imputed entry needs it;
   3. the set encoder's sparse segment-sum path against a dense masked one, and a training step from CSR
      rows against the same rows given dense with NaN, at 1,000 and 10,000 items with 20 observed per row.
 Targets on the 2-core machine: <= 10 s per 1,000 iterations, <= 30 s for the imputation.
@@ -39,6 +41,8 @@ from mnar_recsys.models.quadrature import log_expected_sigmoid, log_expected_sig
 from mnar_recsys.training.trainer import TrainConfig, fit
 
 USERS, ITEMS, PER_ROW, TEST_USERS, TEST_ITEMS = 15_400, 1_000, 20, 5_400, 10
+IMPUTE_ROWS = ImportanceConfig().row_chunk  # rows x samples of one imputation sub-chunk
+IMPUTE_SAMPLES = ImportanceConfig().chunk_entries // (IMPUTE_ROWS * ITEMS)
 
 
 def yahoo_shaped(n_rows: int, n_items: int, per_row: int, seed: int = 0) -> sp.csr_matrix:
@@ -109,6 +113,25 @@ def gaussian_kernel_seconds(compiled: bool, repeats: int = 20) -> dict:
     return {"seconds": _time(kernel, repeats)}
 
 
+def decoder_seconds(repeats: int = 20) -> dict:
+    """The Gaussian decoder's squashed mean at every item: forward and backward at a training step's
+    (100 x 20) samples, and forward alone at an imputation sub-chunk's (ImportanceConfig's defaults).
+    Any exact not-MIWAE step or imputation computes at least this."""
+    decoder = build_model(ModelConfig(n_features=ITEMS)).decoder
+    generator = torch.Generator().manual_seed(0)
+    z_train = torch.randn(100, 20, decoder.mean_head.in_features, generator=generator)
+    z_impute = torch.randn(IMPUTE_ROWS, IMPUTE_SAMPLES, decoder.mean_head.in_features, generator=generator)
+
+    def train_step():
+        decoder(z_train)[0].sum().backward()
+
+    def impute_chunk():
+        with torch.no_grad():
+            decoder(z_impute)
+
+    return {"train": _time(train_step, repeats), "impute": _time(impute_chunk, repeats)}
+
+
 def categorical_sum_seconds(repeats: int = 5) -> dict:
     """Forward and backward of log Σ_c π_c σ(-(s_c + a)) over a batch's (100 x 20 x 1,000 x 5) levels."""
     generator = torch.Generator().manual_seed(0)
@@ -157,6 +180,7 @@ def main() -> None:
                         help="m of the subsampled missing-term estimator also timed (default 100)")
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    floor = isolated(decoder_seconds)
     for factor, m in (("sampled", None), ("integrated", None), ("integrated", args.unobserved_samples)):
         r = isolated(train_seconds, factor, args.iterations, m)
         term = "exact missing term" if m is None else f"missing term from {m} unobserved items per row"
@@ -171,6 +195,8 @@ def main() -> None:
             print(f"  its Gauss-Hermite missing factor, forward and backward: {compiled['seconds'] * 1e3:.1f} ms "
                   f"compiled vs {eager['seconds'] * 1e3:.1f} ms with the eager node loop "
                   f"(ratio {eager['seconds'] / compiled['seconds']:.1f}x)")
+            print(f"  its decoder's mean at every item, forward and backward: {floor['train'] * 1e3:.1f} s per "
+                  f"1,000 iterations ({floor['train'] * 1e5 / r['per_1000']:.0f}% of the step)")
     r = isolated(train_seconds, "integrated", args.iterations, None, missing="mcar")
     print(f"training, MIWAE (no missing term: its decoder runs at the observed entries only): "
           f"{r['per_1000']:7.1f} s per 1,000 iterations, peak {r['peak_mib']:.0f} MiB")
@@ -185,6 +211,9 @@ def main() -> None:
     print(f"imputation, K = {args.importance_samples}: {r['seconds']:.1f} s for {args.impute_rows} rows -> "
           f"{scaled:.0f} s for {TEST_USERS} rows x {TEST_ITEMS} items (target 30; ratio {scaled / 30:.1f}x), "
           f"peak {r['peak_mib']:.0f} MiB")
+    chunks = TEST_USERS / IMPUTE_ROWS * args.importance_samples / IMPUTE_SAMPLES
+    print(f"  the decoder's mean alone at every (row, sample, item) of it: {floor['impute'] * chunks:.0f} s, "
+          f"the least any exact imputation computes ({floor['impute'] * chunks * 100 / scaled:.0f}% of it)")
     r = isolated(impute_seconds, args.impute_rows, args.importance_samples, "mcar")
     print(f"  the same with the MIWAE (decoder at the observed and target entries only): "
           f"{r['seconds'] * TEST_USERS / args.impute_rows:.0f} s for {TEST_USERS} rows")

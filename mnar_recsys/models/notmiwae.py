@@ -54,6 +54,9 @@ class NotMIWAE(nn.Module):
     L_K lies at or above the exact one (equal for K = 1) and may exceed log p(x_o, s). It is a training
     objective only: `sample`, which inference calls and whose `params` it reads, is always exact.
 
+    The MIWAE (MCAR missing model) has no missing term, so its bound is exact at that cost anyway: its
+    decoder runs at the observed entries, and in `sample` with targets at those, and nowhere else.
+
     row_offset (a `RowOffset`) adds a per-row shift a(z_k) to every selection logit: p(s | x, z).
     """
 
