@@ -284,15 +284,8 @@ def _all_missing(source: RowSource) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(rows), np.concatenate(cols)
 
 
-def _sample_chunks(model: NotMIWAE, batch: RowBatch, config: ImportanceConfig, targets: torch.Tensor):
-    """Yield the K samples in sub-chunks, as many per chunk as config.chunk_entries allows, with the decoder's
-    parameters at the target columns (B, T)."""
-    for k in _sample_counts(model, batch, config):
-        yield model.sample(batch, k, targets)
-
-
 def _sample_counts(model: NotMIWAE, batch: RowBatch, config: ImportanceConfig):
-    """The number of samples in each sub-chunk of K."""
+    """Split K into sub-chunks, as many samples per sub-chunk as config.chunk_entries allows: their sizes."""
     per_chunk = max(1, config.chunk_entries // (batch.n_rows * model.n_features))
     for done in range(0, config.n_samples, per_chunk):
         yield min(per_chunk, config.n_samples - done)
@@ -325,7 +318,8 @@ def _impute_chunk(model: NotMIWAE, batch: RowBatch, cols: torch.Tensor, methods:
     weight_sq_sum = torch.zeros_like(running_max)
     mean_sum = torch.zeros(cols.shape, device=cols.device)
     kept_log_w, kept_params, kept_offsets, kept_drawn = [], [], [], []
-    for samples in _sample_chunks(model, batch, config, cols):
+    for k in _sample_counts(model, batch, config):
+        samples = model.sample(batch, k, targets=cols)
         log_w, offset, targets = samples.terms.log_weights, samples.offset, samples.params
         drawn = samples.completed if use_draws else None  # the x_m,k the weights were computed with (B, K, T)
         new_max = torch.maximum(running_max, log_w.amax(1))
