@@ -197,7 +197,7 @@ def main() -> None:
                   f"(ratio {eager['seconds'] / compiled['seconds']:.1f}x)")
             print(f"  its decoder's mean at every item, forward and backward: {floor['train'] * 1e3:.1f} s per "
                   f"1,000 iterations ({floor['train'] * 1e5 / r['per_1000']:.0f}% of the step)")
-    r = isolated(train_seconds, "integrated", args.iterations, None, missing="mcar")
+    r = isolated(train_seconds, "integrated", args.iterations, None, "gaussian", False, "mcar")
     print(f"training, MIWAE (no missing term: its decoder runs at the observed entries only): "
           f"{r['per_1000']:7.1f} s per 1,000 iterations, peak {r['peak_mib']:.0f} MiB")
     r = isolated(train_seconds, "integrated", args.iterations, None, "categorical", True)
