@@ -284,9 +284,16 @@ def _all_missing(source: RowSource) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(rows), np.concatenate(cols)
 
 
-def _sample_counts(model: NotMIWAE, batch: RowBatch, config: ImportanceConfig):
-    """Split K into sub-chunks, as many samples per sub-chunk as config.chunk_entries allows: their sizes."""
-    per_chunk = max(1, config.chunk_entries // (batch.n_rows * model.n_features))
+def _sample_counts(model: NotMIWAE, batch: RowBatch, config: ImportanceConfig, n_targets: int = 0):
+    """Split K into sub-chunks, as many samples per sub-chunk as config.chunk_entries allows: their sizes.
+
+    A sample costs the decoder's outputs it needs: every feature of every row, or for the MIWAE, which runs
+    the decoder at the observed entries and the `n_targets` targets only, those."""
+    if model.missing_model.is_mcar:
+        per_sample = batch.obs_row.numel() + n_targets
+    else:
+        per_sample = batch.n_rows * model.n_features
+    per_chunk = max(1, config.chunk_entries // max(1, per_sample))
     for done in range(0, config.n_samples, per_chunk):
         yield min(per_chunk, config.n_samples - done)
 
@@ -318,7 +325,7 @@ def _impute_chunk(model: NotMIWAE, batch: RowBatch, cols: torch.Tensor, methods:
     weight_sq_sum = torch.zeros_like(running_max)
     mean_sum = torch.zeros(cols.shape, device=cols.device)
     kept_log_w, kept_params, kept_offsets, kept_drawn = [], [], [], []
-    for k in _sample_counts(model, batch, config):
+    for k in _sample_counts(model, batch, config, cols.numel()):
         samples = model.sample(batch, k, targets=cols)
         log_w, offset, targets = samples.terms.log_weights, samples.offset, samples.params
         drawn = samples.completed if use_draws else None  # the x_m,k the weights were computed with (B, K, T)

@@ -70,7 +70,7 @@ def test_the_miwae_imputes_like_a_missing_model_that_ignores_x(decoder, monkeypa
     miwae, flat = models(decoder)
     data = ratings()
     rows, cols = np.repeat(np.arange(12), 4), np.tile([0, 5, 17, 29], 12)
-    config = ImportanceConfig(n_samples=300, chunk_entries=12 * FEATURES * 64, seed=3)
+    config = ImportanceConfig(n_samples=300, chunk_entries=12 * FEATURES * 300, seed=3)  # one sub-chunk for both
     methods = ("mean", "median", "multiple")
     expected = impute(flat, data, rows, cols, methods, config)
     got = impute(without_full_forward(miwae, monkeypatch), data, rows, cols, methods, config)
@@ -93,3 +93,23 @@ def test_the_miwae_log_likelihood_is_the_flat_models_less_its_constant_log_ps(mo
     bias = flat.missing_model.bias.detach().double()
     log_ps = torch.where(observed, F.logsigmoid(bias), F.logsigmoid(-bias)).sum(1).numpy()
     np.testing.assert_allclose(got + log_ps, expected, rtol=1e-5)
+
+
+def test_the_miwae_sizes_its_sub_chunks_by_the_entries_it_computes(monkeypatch):
+    """config.chunk_entries bounds the decoder outputs of one sub-chunk: rows x features for the not-MIWAE,
+    observed plus target entries for the MIWAE, which therefore takes more samples at a time."""
+    data = ratings()
+    batch = as_rows(data).batch(np.arange(12))
+    rows, cols = np.repeat(np.arange(12), 4), np.tile([0, 5, 17, 29], 12)
+    config = ImportanceConfig(n_samples=300, chunk_entries=12 * FEATURES * 10)
+    sizes = {}
+    for name, model in zip(("miwae", "notmiwae"), models("gaussian")):
+        sizes[name] = []
+        sample = model.sample
+        monkeypatch.setattr(model, "sample", lambda b, k, targets=None, sample=sample, out=sizes[name]:
+                            out.append(k) or sample(b, k, targets))
+        impute(model, data, rows, cols, config=config)
+    assert sum(sizes["miwae"]) == sum(sizes["notmiwae"]) == 300
+    assert max(sizes["notmiwae"]) == 10
+    per_sample = batch.obs_row.numel() + rows.size
+    assert max(sizes["miwae"]) == config.chunk_entries // per_sample > 10
