@@ -32,9 +32,10 @@ SAMPLED_IMPUTATIONS = ("decoder-mean", "draws")
 
 @dataclass
 class ImportanceConfig:
-    """n_samples: K; row_chunk: rows per pass; chunk_entries: size of one (rows x samples x features)
-    tensor, which sets the samples per sub-chunk; seed: seeds the draws; n_imputations: draws per entry
-    for multiple imputation; device: where to compute ('auto': CUDA when available); progress: show a tqdm bar.
+    """n_samples: K; row_chunk: rows per pass; chunk_entries: size of one (rows x samples x features) tensor,
+    which sets the samples per sub-chunk (for the MIWAE, samples x its observed and target entries and latent
+    codes); seed: seeds the draws; n_imputations: draws per entry for multiple imputation; device: where to
+    compute ('auto': CUDA when available); progress: show a tqdm bar.
 
     sampled_imputation: what a model with x_m sampled averages under its weights at missing targets.
     'decoder-mean' (the paper's code): the mean of p(x_m | z_k), low in variance, but the weights pick
@@ -288,9 +289,9 @@ def _sample_counts(model: NotMIWAE, batch: RowBatch, config: ImportanceConfig, n
     """Split K into sub-chunks, as many samples per sub-chunk as config.chunk_entries allows: their sizes.
 
     A sample costs the decoder's outputs it needs: every feature of every row, or for the MIWAE, which runs
-    the decoder at the observed entries and the `n_targets` targets only, those."""
+    the decoder at the observed entries and the `n_targets` targets only, those and each row's z."""
     if model.missing_model.is_mcar:
-        per_sample = batch.obs_row.numel() + n_targets
+        per_sample = batch.obs_row.numel() + n_targets + batch.n_rows * model.latent_dim
     else:
         per_sample = batch.n_rows * model.n_features
     per_chunk = max(1, config.chunk_entries // max(1, per_sample))
