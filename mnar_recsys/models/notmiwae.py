@@ -55,7 +55,7 @@ class NotMIWAE(nn.Module):
     objective only: `sample`, which inference calls and whose `params` it reads, is always exact.
 
     The MIWAE (MCAR missing model) has no missing term, so its bound is exact at that cost anyway: its
-    decoder runs at the observed entries, and in `sample` with targets at those, and nowhere else.
+    decoder runs at the observed entries (and, in `sample` with targets, at the targets) and nowhere else.
 
     row_offset (a `RowOffset`) adds a per-row shift a(z_k) to every selection logit: p(s | x, z).
     """

@@ -97,7 +97,7 @@ def test_the_miwae_log_likelihood_is_the_flat_models_less_its_constant_log_ps(mo
 
 def test_the_miwae_sizes_its_sub_chunks_by_the_entries_it_computes(monkeypatch):
     """config.chunk_entries bounds the decoder outputs of one sub-chunk: rows x features for the not-MIWAE,
-    observed plus target entries for the MIWAE, which therefore takes more samples at a time."""
+    observed plus target entries (and each row's z) for the MIWAE, which therefore takes more samples."""
     data = ratings()
     batch = as_rows(data).batch(np.arange(12))
     rows, cols = np.repeat(np.arange(12), 4), np.tile([0, 5, 17, 29], 12)
