@@ -286,15 +286,8 @@ def _all_missing(source: RowSource) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _sample_counts(model: NotMIWAE, batch: RowBatch, config: ImportanceConfig, n_targets: int = 0):
-    """Split K into sub-chunks, as many samples per sub-chunk as config.chunk_entries allows: their sizes.
-
-    A sample costs the decoder's outputs it needs: every feature of every row, or for the MIWAE, which runs
-    the decoder at the observed entries and the `n_targets` targets only, those and each row's z."""
-    if model.missing_model.is_mcar:
-        per_sample = batch.obs_row.numel() + n_targets + batch.n_rows * model.latent_dim
-    else:
-        per_sample = batch.n_rows * model.n_features
-    per_chunk = max(1, config.chunk_entries // max(1, per_sample))
+    """Split K into sub-chunks, as many samples per sub-chunk as config.chunk_entries allows: their sizes."""
+    per_chunk = max(1, config.chunk_entries // model.entries_per_sample(batch, n_targets))
     for done in range(0, config.n_samples, per_chunk):
         yield min(per_chunk, config.n_samples - done)
 

@@ -103,6 +103,13 @@ class NotMIWAE(nn.Module):
             completed = None if completed is None else _at_columns((completed,), targets)[0]
         return Samples(z, params, terms, offset, completed)
 
+    def entries_per_sample(self, batch: RowBatch, n_targets: int = 0) -> int:
+        """How many values one sample of `sample(batch, K, targets)` computes, with `n_targets` targets in all:
+        every feature of every row, or for the MIWAE the observed and target entries and each row's z."""
+        if self.missing_model.is_mcar:
+            return max(1, batch.obs_row.numel() + n_targets + batch.n_rows * self.latent_dim)
+        return max(1, batch.n_rows * self.n_features)
+
     def exact_terms(self, batch: RowBatch, n_samples: int) -> BoundTerms:
         """The bound's four log-terms, exactly, whatever `unobserved_samples` says; the MIWAE's from the
         observed entries alone."""
