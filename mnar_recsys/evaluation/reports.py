@@ -21,16 +21,26 @@ from mnar_recsys import __version__
 
 
 def provenance() -> dict[str, Any]:
-    """Package version, git commit (when run from a checkout), library versions and machine."""
-    commit = None
+    """Package version, git commit and whether tracked files differ from it (when run from a checkout), library
+    versions and machine."""
+    commit, dirty = git_state(Path(__file__).resolve().parents[2])
+    return {"package_version": __version__, "commit": commit, "dirty": dirty, "torch": torch.__version__,
+            "numpy": np.__version__, "python": platform.python_version(), "machine": platform.machine()}
+
+
+def git_state(root: Path) -> tuple[str | None, bool | None]:
+    """(HEAD's commit, whether tracked files differ from it) of the checkout at `root`; (None, None) outside one.
+    Untracked files do not count: results folders and data often sit in a checkout untracked."""
     try:
-        root = Path(__file__).resolve().parents[2]
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=5, check=True).stdout.strip() or None
+        commit = _git(root, "rev-parse", "HEAD") or None
+        return commit, bool(_git(root, "status", "--porcelain", "--untracked-files=no"))
     except (OSError, subprocess.SubprocessError):
-        pass
-    return {"package_version": __version__, "commit": commit, "torch": torch.__version__, "numpy": np.__version__,
-            "python": platform.python_version(), "machine": platform.machine()}
+        return None, None
+
+
+def _git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=5,
+                          check=True).stdout.strip()
 
 
 @contextmanager

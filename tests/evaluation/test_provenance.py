@@ -1,0 +1,29 @@
+"""Results files say which code made them: the commit, and whether tracked files had changed since."""
+
+import subprocess
+
+from mnar_recsys.evaluation.reports import git_state, provenance
+
+
+def _git(repo, *args):
+    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+
+
+def test_git_state_sees_changes_to_tracked_files_but_not_untracked_ones(tmp_path):
+    assert git_state(tmp_path) == (None, None)  # not a checkout
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "model.py").write_text("K = 20\n")
+    _git(tmp_path, "add", "model.py")
+    _git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "first")
+    commit = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    (tmp_path / "results.json").write_text("{}")
+    assert git_state(tmp_path) == (commit, False)
+    (tmp_path / "model.py").write_text("K = 50\n")
+    assert git_state(tmp_path) == (commit, True)
+
+
+def test_provenance_records_the_commit_and_whether_the_tree_was_clean():
+    record = provenance()
+    assert {"package_version", "commit", "dirty", "torch", "numpy"} <= set(record)
+    assert (record["commit"] is None) == (record["dirty"] is None)
