@@ -22,7 +22,7 @@ import torch
 from baselines.dense_imputers import DENSE_IMPUTERS, make_dense_imputer
 from mnar_recsys.pipelines.arguments import add_config_options, config_from_options
 from mnar_recsys.data.amputation import apply_mask, paper_self_masking, standardize
-from mnar_recsys.data.uci import UCI_DATASETS, load_uci
+from mnar_recsys.data.uci import UCI_DATASETS, UCI_NAMES, load_uci, paper_dataset
 from mnar_recsys.estimators.imputer import NotMIWAEImputer
 from mnar_recsys.evaluation import plots
 from mnar_recsys.evaluation.metrics import imputation_rmse
@@ -42,7 +42,8 @@ NEURAL_MODELS: dict[str, tuple[str, str]] = {
 }
 MODELS: tuple[str, ...] = (*NEURAL_MODELS, *DENSE_IMPUTERS)
 
-#: The paper's table 1 (mean RMSE over 5 runs), in UCI_DATASETS order, for the results file.
+#: The paper's table 1 (mean RMSE over 5 runs), in UCI_DATASETS order, for the results file; a variant of a
+#: data set (UCI_VARIANTS) is compared with its data set's column.
 PAPER_RMSE: dict[str, tuple[float, ...]] = {
     "ppca": (1.39, 1.61, 1.61, 1.57, 1.67, 0.90),
     "notmiwae-ppca-agnostic": (1.25, 1.47, 1.32, 1.27, 1.20, 0.78),
@@ -127,6 +128,11 @@ def run_one(dataset: str, model: str, complete: np.ndarray, mask: np.ndarray, ma
             "config": {"protocol": asdict(config), "estimator": imputer.get_params(), "model": model_config}}
 
 
+def paper_rmse(model: str, dataset: str) -> float:
+    """The paper's RMSE for `model` (a PAPER_RMSE key) on `dataset`, or on the data set a variant stands in for."""
+    return PAPER_RMSE[model][UCI_DATASETS.index(paper_dataset(dataset))]
+
+
 def model_of_row(row: str) -> str:
     """The model a table row shows: the row's name up to the first space (see `results_markdown`)."""
     return row.split(" ")[0]
@@ -140,7 +146,7 @@ def row_order(row: str) -> tuple[int, str]:
 
 def rmse_figure(records: list[dict[str, Any]], path: Path) -> Path:
     """rmse.png: each row's RMSE per data set, with its model's value in the paper's table 1."""
-    published = {row: dict(zip(UCI_DATASETS, PAPER_RMSE[model_of_row(row)]))
+    published = {row: {name: paper_rmse(model_of_row(row), name) for name in UCI_NAMES}
                  for row in {r["model"] for r in records} if model_of_row(row) in PAPER_RMSE}
     return plots.rmse_by_dataset(records, published, path, title="UCI self-masking: imputation RMSE (bars: "
                                  "mean ± standard error over runs; red ticks: the paper)")
@@ -151,7 +157,7 @@ def results_markdown(records: list[dict[str, Any]], protocol: dict[str, Any]) ->
 
     A row is a record's `model`: a name in MODELS, or one with a suffix after a space (a variant of that
     model, as `uci-table` writes). Cells say how many runs they hold when not all hold the same number."""
-    datasets = [d for d in UCI_DATASETS if any(r["dataset"] == d for r in records)]
+    datasets = [d for d in UCI_NAMES if any(r["dataset"] == d for r in records)]
     rows = sorted(dict.fromkeys(r["model"] for r in records), key=row_order)
 
     def values(row: str, dataset: str, key: str) -> list[float]:
@@ -167,7 +173,7 @@ def results_markdown(records: list[dict[str, Any]], protocol: dict[str, Any]) ->
 
     def paper(row: str, dataset: str) -> str:
         model = model_of_row(row)
-        return f"{PAPER_RMSE[model][UCI_DATASETS.index(dataset)]:.2f}" if model in PAPER_RMSE else "–"
+        return f"{paper_rmse(model, dataset):.2f}" if model in PAPER_RMSE else "–"
 
     text = (f"# UCI self-masking: imputation RMSE (standardised units)\n\nmean ± standard error over runs; "
             f"protocol: {protocol}\n\n")
@@ -234,7 +240,9 @@ def _run_tasks(tasks: list[tuple[str, str, int]], data: dict[str, tuple[np.ndarr
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("uci", help="the paper's UCI self-masking experiment (table 1)")
-    parser.add_argument("--dataset", choices=(*UCI_DATASETS, "all"), default="all")
+    parser.add_argument("--dataset", choices=(*UCI_NAMES, "all"), default="all",
+                        help="a data set of the paper's table, a variant of one (yeast-no-erl: see "
+                             "mnar_recsys/data/uci.py), or all six (default)")
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS), metavar="MODEL",
                         help=f"any of {', '.join(MODELS)} (default: all)")
     parser.add_argument("--data-dir", default=None,

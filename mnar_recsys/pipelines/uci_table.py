@@ -15,8 +15,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from mnar_recsys.data.uci import UCI_NAMES
 from mnar_recsys.evaluation.reports import provenance, write_atomic, write_json
-from mnar_recsys.pipelines.uci import UCI_DATASETS, results_markdown, rmse_figure, row_order
+from mnar_recsys.pipelines.uci import results_markdown, rmse_figure, row_order
 
 #: the protocol settings every merged file must share
 SHARED_PROTOCOL = ("iterations", "batch_size", "n_samples", "importance_samples", "offset")
@@ -86,13 +87,14 @@ def _check_record(record: Any, path: Path, index: int) -> None:
     missing = [key for key in ("dataset", "model", "seed", "rmse") if key not in record]
     if missing:
         raise ValueError(f"{path}: record {index} lacks {', '.join(missing)}")
-    if record["dataset"] not in UCI_DATASETS:
-        raise ValueError(f"{path}: record {index} is on {record['dataset']!r}, not one of {', '.join(UCI_DATASETS)}")
+    if record["dataset"] not in UCI_NAMES:
+        raise ValueError(f"{path}: record {index} is on {record['dataset']!r}, not one of {', '.join(UCI_NAMES)}")
 
 
 def _table_position(record: dict[str, Any]) -> tuple:
-    """Data sets in the paper's order, then rows in table order (`row_order`), then seeds."""
-    return UCI_DATASETS.index(record["dataset"]), *row_order(record["model"]), record["seed"]
+    """Data sets in the paper's order (each variant after its data set), then rows in table order
+    (`row_order`), then seeds."""
+    return UCI_NAMES.index(record["dataset"]), *row_order(record["model"]), record["seed"]
 
 
 def write_table(merged: dict[str, Any], out: Path) -> str:

@@ -86,3 +86,20 @@ def test_files_that_cannot_be_merged_are_refused(runs, tmp_path, capsys):
     assert main(["uci-table", str(tmp_path / "nowhere"), "--out", str(tmp_path / "t4")]) == 2
     assert "nowhere: no such file or folder" in capsys.readouterr().err
     assert not any((tmp_path / name).exists() for name in ("t1", "t2", "t3", "t4"))  # nothing half-written
+
+
+def test_a_variant_merges_beside_its_data_set_and_unknown_sets_are_refused(tmp_path, capsys):
+    def results(path, dataset, seed):
+        record = {"dataset": dataset, "model": "mean", "seed": seed, "rmse": 1.7, "mask_accuracy": None}
+        path.mkdir()
+        (path / "results.json").write_text(json.dumps({"protocol": {"iterations": 5}, "records": [record]}))
+        return str(path)
+
+    files = [results(tmp_path / "a", "breast", 0), results(tmp_path / "b", "yeast-no-erl", 0),
+             results(tmp_path / "c", "yeast", 0)]
+    assert main(["uci-table", *files, "--out", str(tmp_path / "t")]) == 0
+    merged = json.loads((tmp_path / "t" / "results.json").read_text())
+    assert [r["dataset"] for r in merged["records"]] == ["yeast", "yeast-no-erl", "breast"]
+    assert main(["uci-table", results(tmp_path / "d", "yeast-7", 0), "--out", str(tmp_path / "u")]) == 2
+    assert "record 0 is on 'yeast-7', not one of banknote, concrete, red, white, yeast, yeast-no-erl, breast" \
+        in capsys.readouterr().err
