@@ -4,8 +4,9 @@ Prints, each measured in its own process (so peak memory is its own):
   1. seconds per 1,000 training iterations (15,400 x 1,000 sparse rows, ~20 observed per row, batch 100,
      K = 20, latent 30, embedding 20, code 50), with sampled and with integrated x_m (the latter also
      with glibc's default allocator settings, which the command line changes: `mnar_recsys.allocator`,
-     its quadrature kernel alone, compiled against the eager loop, and its decoder's mean at every item
-     alone, the least an exact step computes), with integrated x_m and the
+     its missing term alone, fused into one compiled pass against the compiled elementwise kernel with
+     the mask and sum around it and against that kernel's eager loop, with and without gradients, and its
+     decoder's mean at every item alone, the least an exact step computes), with integrated x_m and the
      missing term estimated from --unobserved-samples unobserved items per row; and for the categorical
      decoder with the row offset (`notmiwae-categorical-activity`), whose exact sum over the levels is
      timed against the same sum written with PyTorch's log_softmax and logsumexp. Each after a 5-step
@@ -37,7 +38,7 @@ from mnar_recsys.data.rows import as_rows
 from mnar_recsys.inference.importance import ImportanceConfig, impute
 from mnar_recsys.models.config import ModelConfig, build_model
 from mnar_recsys.models import quadrature
-from mnar_recsys.models.quadrature import log_expected_sigmoid, log_expected_sigmoid_categorical
+from mnar_recsys.models.quadrature import log_expected_sigmoid_categorical, masked_log_expected_sigmoid_sum
 from mnar_recsys.training.trainer import TrainConfig, fit
 
 USERS, ITEMS, PER_ROW, TEST_USERS, TEST_ITEMS = 15_400, 1_000, 20, 5_400, 10
@@ -98,19 +99,30 @@ def _time(step, repeats: int) -> float:
     return (time.perf_counter() - start) / repeats
 
 
-def gaussian_kernel_seconds(compiled: bool, repeats: int = 20) -> dict:
-    """Forward and backward of the Gauss-Hermite missing factor over a batch's (100 x 20 x 1,000) entries,
-    with one sd per item, compiled or with the eager node loop."""
-    if not compiled:
-        quadrature._compiled_node_sums.eager = True  # this process only: `isolated` runs each call in its own
+def missing_term_seconds(mode: str, repeats: int = 20) -> dict:
+    """The Gaussian decoder's integrated missing term over a batch's (100 x 20 x 1,000) entries, one sd per
+    item, the item-wise model's one slope: Σ_j (1 - s_j) log E[sigmoid(-(w x_j + b_j))], forward and backward
+    ('train') and forward alone ('impute'). mode 'fused': one compiled pass for the affine map, quadrature,
+    mask and sum; 'composed': the compiled elementwise kernel with the rest around it; 'eager': the
+    elementwise kernel's eager node loop."""
+    if mode != "fused":  # this process only: `isolated` runs each call in its own
+        quadrature._fusable = lambda *args: False
+    if mode == "eager":
+        quadrature._compiled_node_sums.eager = True
     generator = torch.Generator().manual_seed(0)
-    mean = torch.randn(100, 20, ITEMS, generator=generator).requires_grad_()
+    loc = (1 + 4 * torch.rand(100, 20, ITEMS, generator=generator)).requires_grad_()
+    keep = (torch.rand(100, 1, ITEMS, generator=generator) > PER_ROW / ITEMS).float()
+    slope, intercept = torch.tensor(0.7, requires_grad=True), (torch.randn(ITEMS, generator=generator) - 2).requires_grad_()
     sd = (0.5 + torch.rand(ITEMS, generator=generator)).requires_grad_()
 
-    def kernel():
-        log_expected_sigmoid(mean, sd).sum().backward()
+    def term():
+        return masked_log_expected_sigmoid_sum(loc, slope, intercept, sd, keep)
 
-    return {"seconds": _time(kernel, repeats)}
+    def impute():
+        with torch.no_grad():
+            term()
+
+    return {"train": _time(lambda: term().sum().backward(), repeats), "impute": _time(impute, repeats)}
 
 
 def decoder_seconds(repeats: int = 20) -> dict:
@@ -191,10 +203,12 @@ def main() -> None:
             untuned = isolated(train_seconds, factor, args.iterations, m, keep_memory=False)
             print(f"  the same with glibc's default allocator settings: {untuned['per_1000']:7.1f} s "
                   f"(ratio {untuned['per_1000'] / r['per_1000']:.2f}x), peak {untuned['peak_mib']:.0f} MiB")
-            compiled, eager = isolated(gaussian_kernel_seconds, True), isolated(gaussian_kernel_seconds, False)
-            print(f"  its Gauss-Hermite missing factor, forward and backward: {compiled['seconds'] * 1e3:.1f} ms "
-                  f"compiled vs {eager['seconds'] * 1e3:.1f} ms with the eager node loop "
-                  f"(ratio {eager['seconds'] / compiled['seconds']:.1f}x)")
+            term = {mode: isolated(missing_term_seconds, mode) for mode in ("fused", "composed", "eager")}
+            for key, what in (("train", "forward and backward"), ("impute", "forward alone")):
+                fused, composed, eager = (term[mode][key] * 1e3 for mode in ("fused", "composed", "eager"))
+                print(f"  its Gauss-Hermite missing term, {what}: {fused:.1f} ms fused vs {composed:.1f} ms "
+                      f"composed of the compiled elementwise kernel (ratio {composed / fused:.2f}x) vs {eager:.1f} "
+                      f"ms with its eager node loop")
             print(f"  its decoder's mean at every item, forward and backward: {floor['train'] * 1e3:.1f} s per "
                   f"1,000 iterations ({floor['train'] * 1e5 / r['per_1000']:.0f}% of the step)")
     r = isolated(train_seconds, "integrated", args.iterations, None, "gaussian", False, "mcar")

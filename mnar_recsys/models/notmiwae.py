@@ -17,7 +17,7 @@ from mnar_recsys.models.decoders import CategoricalDecoder, GaussianDecoder, Obs
 from mnar_recsys.models.gather import take
 from mnar_recsys.models.missing import LevelwiseLogistic, MissingModel, RowOffset, bernoulli_log_prob
 from mnar_recsys.models.quadrature import (log_expected_sigmoid, log_expected_sigmoid_categorical,
-                                           log_expected_sigmoid_piecewise)
+                                           log_expected_sigmoid_piecewise, masked_log_expected_sigmoid_sum)
 from mnar_recsys.models.unobserved import UnobservedDraw, draw_unobserved
 
 MISSING_FACTORS = ("sampled", "integrated")
@@ -214,8 +214,29 @@ class NotMIWAE(nn.Module):
         if self.missing_factor == "sampled":
             logits = model.logits(self.complete(batch, params) if completed is None else completed)
             return bernoulli_log_prob(logits if offset is None else logits + offset[..., None], mask)
-        log_p_missing = self.log_prob_missing(params, offset=None if offset is None else offset[..., None])
-        return self._log_ps_observed(batch, offset) + ((1 - mask) * log_p_missing).sum(-1)
+        return self._log_ps_observed(batch, offset) + self._log_ps_missing(params, 1 - mask,
+                                                                          None if offset is None else offset[..., None])
+
+    def _log_ps_missing(self, params: Params, keep: torch.Tensor, offset: torch.Tensor | None) -> torch.Tensor:
+        """Σ_j keep_j log Pr(s_j = 0 | z), integrated, over all features: (B, K). `offset` (B, K, 1) or None."""
+        affine = self._affine_gaussian(params)
+        if affine is None:
+            return (keep * self.log_prob_missing(params, offset=offset)).sum(-1)
+        loc, slope, intercept, sd = affine
+        return masked_log_expected_sigmoid_sum(loc, slope, intercept, sd, keep, offset,
+                                               self.decoder.quadrature_points)
+
+    def _affine_gaussian(self, params: Params,
+                         features: torch.Tensor | None = None) -> tuple[torch.Tensor, ...] | None:
+        """(loc, slope, intercept, the logit's sd) where a Gaussian decoder meets a missing model with affine
+        logits, so that u_j = slope_j x_j + intercept_j is Gaussian given z; else None."""
+        if not (isinstance(self.decoder, GaussianDecoder) and self.missing_model.affine):
+            return None
+        if features is None:
+            features = torch.arange(self.n_features, device=params[0].device)
+        scale = self.decoder.shared_scale(features)
+        slope, intercept = self.missing_model.feature_affine(features)
+        return params[0], slope, intercept, slope.abs() * (params[1] if scale is None else scale)
 
     def _log_ps_observed(self, batch: RowBatch, offset: torch.Tensor | None) -> torch.Tensor:
         """Σ_{j observed} log Pr(s_j = 1 | x_j) for a per-feature missing model: (B, 1), or (B, K) with an offset."""
@@ -249,15 +270,15 @@ class NotMIWAE(nn.Module):
         decoder, model = self.decoder, self.missing_model
         if features is None:
             features = torch.arange(self.n_features, device=params[0].device)
-        if isinstance(decoder, GaussianDecoder) and (model.affine or isinstance(model, LevelwiseLogistic)):
+        affine = self._affine_gaussian(params, features)
+        if affine is not None:
+            loc, slope, intercept, sd = affine
+            mean = slope * loc + intercept
+            return log_expected_sigmoid(mean if offset is None else mean + offset, sd, decoder.quadrature_points)
+        if isinstance(decoder, GaussianDecoder) and isinstance(model, LevelwiseLogistic):
             loc, scale = params[0], decoder.shared_scale(features)
             if scale is None:  # per-row variances
                 scale = params[1]
-            if model.affine:
-                slope, intercept = model.feature_affine(features)
-                if offset is not None:
-                    intercept = intercept + offset
-                return log_expected_sigmoid(slope * loc + intercept, slope.abs() * scale, decoder.quadrature_points)
             bias = take(model.bias, features)
             intercept = bias if offset is None else bias + offset
             return log_expected_sigmoid_piecewise(loc, scale, model.level_logits(), intercept, model.lo,

@@ -11,7 +11,8 @@ from scipy.special import ndtri
 from mnar_recsys.data.rows import as_rows
 from mnar_recsys.models.config import ModelConfig, build_model
 from mnar_recsys.models import quadrature
-from mnar_recsys.models.quadrature import gauss_hermite, log_expected_sigmoid, log_expected_sigmoid_categorical
+from mnar_recsys.models.quadrature import (gauss_hermite, log_expected_sigmoid, log_expected_sigmoid_categorical,
+                                           masked_log_expected_sigmoid_sum)
 
 
 def self_masking_model(decoder: str, n_features: int = 6, slopes: tuple[float, float] = (-1.5, 1.5),
@@ -89,22 +90,67 @@ def test_gaussian_kernel_is_finite_where_factored_exponentials_would_overflow():
         torch.testing.assert_close(a, b.float())
 
 
-def test_gaussian_kernel_runs_eagerly_with_a_warning_once_compiling_fails(monkeypatch):
+@pytest.mark.parametrize("slope_shape, sd_shape, offset_shape, loc_scale, fused", [
+    ((), (6,), None, 1.0, True),  # the item-wise model: one slope, an sd per item
+    ((6,), (6,), (4, 3, 1), 1.0, True),  # self-masking, with a row offset
+    ((6,), (1,), None, 1.0, True),  # the PPCA-like decoder's one variance
+    ((), (), (4, 3, 1), 1.0, True),  # one slope, one sd
+    ((), (4, 3, 6), None, 1.0, False),  # per-row variances
+    ((6,), (6,), None, 300.0, False),  # |slope x loc| beyond the range of e^m in float64
+])
+def test_masked_missing_term_is_the_masked_sum_of_the_kernel_in_value_and_gradient(slope_shape, sd_shape,
+                                                                                    offset_shape, loc_scale, fused):
+    """The missing term equals Σ_j keep_j log_expected_sigmoid(slope loc + intercept + offset, sd), in value
+    (with and without gradients) and in the gradient of every input, in float64, by the fused kernel where
+    it applies and by that composition where it does not."""
+    generator = torch.Generator().manual_seed(3)
+
+    def tensor(shape, low=-1.0, high=1.0):
+        return (low + (high - low) * torch.rand(shape, generator=generator, dtype=torch.float64)).requires_grad_()
+
+    loc = tensor((4, 3, 6), -loc_scale, loc_scale)
+    slope, intercept, sd = tensor(slope_shape, -2, 2), tensor((6,), -2, 2), tensor(sd_shape, 0.2, 1.5)
+    offset = None if offset_shape is None else tensor(offset_shape)
+    keep = (torch.rand(4, 1, 6, generator=generator) > 0.3).double()
+    inputs = [t for t in (loc, slope, intercept, sd, offset) if t is not None]
+    upstream = torch.randn(4, 3, generator=generator, dtype=torch.float64)
+
+    mean = slope * loc + intercept
+    expected = (keep * log_expected_sigmoid(mean if offset is None else mean + offset, sd)).sum(-1)
+    value = masked_log_expected_sigmoid_sum(loc, slope, intercept, sd, keep, offset)
+    assert (type(value.grad_fn).__name__ == "_PrecomputedGradientBackward") == fused
+    torch.testing.assert_close(value, expected)
+    for a, b in zip(torch.autograd.grad((value * upstream).sum(), inputs),
+                    torch.autograd.grad((expected * upstream).sum(), inputs)):
+        torch.testing.assert_close(a, b)
+    with torch.no_grad():
+        torch.testing.assert_close(masked_log_expected_sigmoid_sum(loc, slope, intercept, sd, keep, offset),
+                                   expected.detach())
+
+
+def _masked_sum(mean: torch.Tensor, sd: torch.Tensor) -> torch.Tensor:
+    keep = (torch.arange(mean.shape[-1]) % 2).to(mean.dtype)
+    return masked_log_expected_sigmoid_sum(mean, torch.tensor(0.7, dtype=mean.dtype), -sd, sd, keep)
+
+
+@pytest.mark.parametrize("kernel, compiled", [(log_expected_sigmoid, "_compiled_node_sums"),
+                                              (_masked_sum, "_compiled_masked_sums")])
+def test_gaussian_kernels_run_eagerly_with_a_warning_once_compiling_fails(monkeypatch, kernel, compiled):
     """Without a working C++ compiler what torch.compile returns raises BackendCompilerFailed when called: the
     kernel warns once, gives the same values from the eager loop, and does not try to compile again."""
     calls = []
 
-    def failing(*args):
+    def failing(*args, **constants):
         calls.append(args)
         raise torch._dynamo.exc.BackendCompilerFailed(failing, RuntimeError("no working C++ compiler"), None)
 
     mean, sd = torch.randn(6, 3, 4, dtype=torch.float64), 0.2 + torch.rand(4, dtype=torch.float64)
-    expected = log_expected_sigmoid(mean, sd)
-    monkeypatch.setattr(torch, "compile", lambda function, **options: failing)
-    monkeypatch.setattr(quadrature._compiled_node_sums, "compiled", {})
+    expected = kernel(mean, sd)
+    monkeypatch.setattr(getattr(quadrature, compiled), "compiled", failing)
+    monkeypatch.setattr(getattr(quadrature, compiled), "eager", False)  # restored afterwards: later tests compile
     with pytest.warns(RuntimeWarning, match="could not build the quadrature kernel.*runs eagerly"):
-        first = log_expected_sigmoid(mean, sd)
-    second = log_expected_sigmoid(mean, sd)
+        first = kernel(mean, sd)
+    second = kernel(mean, sd)
     assert len(calls) == 1
     torch.testing.assert_close(first, expected)
     torch.testing.assert_close(second, expected)
