@@ -112,7 +112,8 @@ def missing_term_seconds(mode: str, repeats: int = 20) -> dict:
     generator = torch.Generator().manual_seed(0)
     loc = (1 + 4 * torch.rand(100, 20, ITEMS, generator=generator)).requires_grad_()
     keep = (torch.rand(100, 1, ITEMS, generator=generator) > PER_ROW / ITEMS).float()
-    slope, intercept = torch.tensor(0.7, requires_grad=True), (torch.randn(ITEMS, generator=generator) - 2).requires_grad_()
+    slope = torch.tensor(0.7, requires_grad=True)
+    intercept = (torch.randn(ITEMS, generator=generator) - 2).requires_grad_()
     sd = (0.5 + torch.rand(ITEMS, generator=generator)).requires_grad_()
 
     def term():
