@@ -249,7 +249,10 @@ class _PrecomputedGradient(torch.autograd.Function):
         grad_loc = grad_slope = grad_intercept = grad_sd = grad_offset = None
         if wants_loc or wants_slope:
             weighted = grad_out[..., None] * d_mean
-            if wants_slope:
+            if wants_slope and slope.numel() == 1 and loc.shape == weighted.shape:
+                # the item-wise model's one slope: a dot product reads both once and writes nothing
+                grad_slope = torch.dot(weighted.reshape(-1), loc.reshape(-1)).reshape(slope.shape)
+            elif wants_slope:
                 grad_slope = (weighted * loc).sum_to_size(slope.shape)
             if wants_loc:
                 grad_loc = weighted.mul_(slope)

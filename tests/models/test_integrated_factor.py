@@ -92,6 +92,7 @@ def test_gaussian_kernel_is_finite_where_factored_exponentials_would_overflow():
 
 @pytest.mark.parametrize("slope_shape, sd_shape, offset_shape, loc_scale, fused", [
     ((), (6,), None, 1.0, True),  # the item-wise model: one slope, an sd per item
+    ((1,), (6,), None, 1.0, True),  # one slope held as a vector
     ((6,), (6,), (4, 3, 1), 1.0, True),  # self-masking, with a row offset
     ((6,), (1,), None, 1.0, True),  # the PPCA-like decoder's one variance
     ((), (), (4, 3, 1), 1.0, True),  # one slope, one sd

@@ -134,8 +134,8 @@ def test_the_papers_ordering_holds_on_all_six_sets(tmp_path):
     for iterations, models in shortened.items():
         out = tmp_path / iterations
         assert main(["uci", "--dataset", "all", "--data-dir", str(UCI_DIR), "--models", *models, "--runs", "1",
-                     "--iterations", iterations, "--importance-samples", "200", "--out", str(out),
-                     "--no-progress"]) == 0
+                     "--iterations", iterations, "--importance-samples", "200", "--jobs", "2",
+                     "--out", str(out), "--no-progress"]) == 0
         rmse |= {(r["dataset"], r["model"]): r["rmse"] for r in _records(out)}
     for name in UCI_DATASETS:
         assert rmse[name, "notmiwae-self-masking-known"] < rmse[name, "miwae"] - 0.05, name
