@@ -249,8 +249,13 @@ class CategoricalDecoder(ObservationModel):
         self.register_buffer("support", torch.arange(lo, hi + 1, dtype=torch.float32), persistent=False)
 
     def forward(self, z: torch.Tensor) -> Params:
-        logits = self.logit_head(self.trunk(z))
-        return (logits.unflatten(-1, (self.n_features, self.n_levels)),)
+        # computed level-major, (..., C, p) in memory, and handed out as a (..., p, C) view: each level's
+        # logits lie contiguous, as the missing term's compiled level loop reads them. The head's units stay
+        # feature-major (j * C + c; `forward_entries`, checkpoints); permuting a (C p x width) weight is cheap
+        weight = self.logit_head.weight.unflatten(0, (self.n_features, self.n_levels)).transpose(0, 1).flatten(0, 1)
+        bias = self.logit_head.bias.view(self.n_features, self.n_levels).T.flatten()
+        logits = F.linear(self.trunk(z), weight, bias)
+        return (logits.unflatten(-1, (self.n_levels, self.n_features)).transpose(-1, -2),)
 
     def forward_entries(self, z: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> Params:
         # feature j's logits are head units j * C .. j * C + C - 1

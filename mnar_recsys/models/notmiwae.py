@@ -17,7 +17,8 @@ from mnar_recsys.models.decoders import CategoricalDecoder, GaussianDecoder, Obs
 from mnar_recsys.models.gather import take
 from mnar_recsys.models.missing import LevelwiseLogistic, MissingModel, RowOffset, bernoulli_log_prob
 from mnar_recsys.models.quadrature import (log_expected_sigmoid, log_expected_sigmoid_categorical,
-                                           log_expected_sigmoid_piecewise, masked_log_expected_sigmoid_sum)
+                                           log_expected_sigmoid_piecewise, masked_log_expected_sigmoid_categorical_sum,
+                                           masked_log_expected_sigmoid_sum)
 from mnar_recsys.models.unobserved import UnobservedDraw, draw_unobserved
 
 MISSING_FACTORS = ("sampled", "integrated")
@@ -220,11 +221,18 @@ class NotMIWAE(nn.Module):
     def _log_ps_missing(self, params: Params, keep: torch.Tensor, offset: torch.Tensor | None) -> torch.Tensor:
         """Σ_j keep_j log Pr(s_j = 0 | z), integrated, over all features: (B, K). `offset` (B, K, 1) or None."""
         affine = self._affine_gaussian(params)
-        if affine is None:
-            return (keep * self.log_prob_missing(params, offset=offset)).sum(-1)
-        loc, slope, intercept, sd = affine
-        return masked_log_expected_sigmoid_sum(loc, slope, intercept, sd, keep, offset,
-                                               self.decoder.quadrature_points)
+        if affine is not None:
+            loc, slope, intercept, sd = affine
+            return masked_log_expected_sigmoid_sum(loc, slope, intercept, sd, keep, offset,
+                                                   self.decoder.quadrature_points)
+        if isinstance(self.decoder, CategoricalDecoder):
+            features = torch.arange(self.n_features, device=params[0].device)
+            return masked_log_expected_sigmoid_categorical_sum(params[0], self._selection(features), keep, offset)
+        return (keep * self.log_prob_missing(params, offset=offset)).sum(-1)
+
+    def _selection(self, features: torch.Tensor) -> torch.Tensor:
+        """The missing model's logit at each level of a discrete decoder, for the given features: (..., C)."""
+        return self.missing_model.feature_logits(self.decoder.support, features[..., None])
 
     def _affine_gaussian(self, params: Params,
                          features: torch.Tensor | None = None) -> tuple[torch.Tensor, ...] | None:
@@ -284,8 +292,7 @@ class NotMIWAE(nn.Module):
             return log_expected_sigmoid_piecewise(loc, scale, model.level_logits(), intercept, model.lo,
                                                   decoder.quadrature_points)
         if isinstance(decoder, CategoricalDecoder):
-            selection = model.feature_logits(decoder.support, features[..., None])
-            return log_expected_sigmoid_categorical(params[0], selection, offset)
+            return log_expected_sigmoid_categorical(params[0], self._selection(features), offset)
         nodes, log_w = decoder.quadrature(params)
         support = getattr(decoder, "support", None)
         if support is not None and features.dim() <= 1:

@@ -21,6 +21,8 @@ eager loop (`bench/core_speed.py`, 2 threads). The eager loop remains for per-en
 where torch.compile has no C++ compiler. For the bound's missing term, `masked_log_expected_sigmoid_sum`
 puts the affine map from the decoder mean to the logit in front of the same pass and the masked sum
 over features behind it, so that no (rows x samples x features) tensor but the derivatives is written.
+`masked_log_expected_sigmoid_categorical_sum` does the same for the categorical decoder's sum over its
+levels, unrolled: 75 against 132 ms forward and backward for the looped kernel, 5 levels at that shape.
 """
 
 from __future__ import annotations
@@ -460,3 +462,84 @@ def log_expected_sigmoid_categorical(level_logits: torch.Tensor, selection: torc
     enlarging them.
     """
     return _LogExpectedSigmoidCategorical.apply(level_logits, selection, offset, torch.is_grad_enabled())
+
+
+def _fused_level_sums(level_logits: torch.Tensor, keep: torch.Tensor, selection: torch.Tensor,
+                      offset: torch.Tensor | None, *, needs_grad: bool) -> tuple[torch.Tensor, ...]:
+    """`_LogExpectedSigmoidCategorical`'s forward for torch.compile, the levels unrolled so that it is one
+    pass over the entries: log T - log S per entry (..., p), and with needs_grad keep·d/dl (..., p, C) laid
+    out level-major, keep·d/ds level-major (..., C, p), and Σ_c keep·d/ds (..., p)."""
+    levels = level_logits.unbind(-1)
+    top = levels[0]
+    for logits in levels[1:]:
+        top = torch.maximum(top, logits)
+    exps = [(logits - top).exp() for logits in levels]
+    missing = [torch.sigmoid(-(s if offset is None else s + offset)) for s in selection.unbind(-1)]
+    scaled, tilted = exps[0], exps[0] * missing[0]
+    for exp_c, missing_c in zip(exps[1:], missing[1:]):
+        scaled, tilted = scaled + exp_c, tilted + exp_c * missing_c
+    tilted = tilted.clamp_min(torch.finfo(level_logits.dtype).tiny)
+    value = tilted.log() - scaled.log()
+    if not needs_grad:
+        return (value,)
+    per_tilted, per_scaled = keep / tilted, keep / scaled
+    d_levels = torch.stack([e * q * per_tilted - e * per_scaled for e, q in zip(exps, missing)], -2)
+    d_selection = torch.stack([-e * q * (1 - q) * per_tilted for e, q in zip(exps, missing)], -2)
+    return value, d_levels.transpose(-1, -2), d_selection, d_selection.sum(-2)
+
+
+_compiled_level_sums = _Compiled(_fused_level_sums)
+
+
+class _PrecomputedLevelGradient(torch.autograd.Function):
+    """Hands autograd the masked sum Σ_j keep_j value_j of `_fused_level_sums`' per-entry values, with the
+    derivatives it wrote chained to the inputs: for the upstream gradient g (...,),  d/dl = g d_l,
+    d/ds = Σ over the batch axes of g d_s,  d/doffset = g Σ_j,c d_s."""
+
+    @staticmethod
+    def forward(ctx, level_logits: torch.Tensor, selection: torch.Tensor, offset: torch.Tensor | None,
+                keep: torch.Tensor, fused: tuple[torch.Tensor, ...]):
+        value, d_levels, d_selection, d_offset = fused
+        ctx.save_for_backward(d_levels, d_selection, d_offset)
+        ctx.offset_shape = None if offset is None else offset.shape
+        return (keep * value).sum(-1)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        d_levels, d_selection, d_offset = ctx.saved_tensors
+        wants_levels, wants_selection, wants_offset = ctx.needs_input_grad[:3]
+        grad_levels = grad_out[..., None, None] * d_levels if wants_levels else None
+        grad_selection = grad_offset = None
+        if wants_selection:  # a sum over the batch axes as one vector-matrix product, as in `_PrecomputedGradient`
+            n_levels, n_features = d_selection.shape[-2:]
+            grad_selection = (grad_out.reshape(1, -1) @ d_selection.reshape(-1, n_levels * n_features)
+                              ).view(n_levels, n_features).T
+        if wants_offset:
+            grad_offset = (grad_out * d_offset.sum(-1))[..., None].sum_to_size(ctx.offset_shape)
+        return grad_levels, grad_selection, grad_offset, None, None
+
+
+def masked_log_expected_sigmoid_categorical_sum(level_logits: torch.Tensor, selection: torch.Tensor,
+                                                keep: torch.Tensor, offset: torch.Tensor | None = None
+                                                ) -> torch.Tensor:
+    """Σ_j keep_j log E[sigmoid(-(s_x + offset))] over the last feature axis, x ~ Categorical(softmax(l_j)).
+
+    The categorical decoder's integrated missing term: level_logits (..., p, C), selection (p, C) the missing
+    model's logit at each level, keep 1 where s_j = 0, broadcast against (..., p), and offset the row offset
+    (..., 1). On a CPU one compiled pass computes every entry's sum over levels and its derivatives; fastest
+    with level-major logits, the categorical decoder's layout. Elsewhere it is the masked sum of
+    `log_expected_sigmoid_categorical`.
+    """
+    fused = None
+    if level_logits.device.type == "cpu" and level_logits.dim() >= 3 and level_logits.numel() > 0 \
+            and selection.shape == level_logits.shape[-2:] \
+            and (offset is None or offset.shape == (*level_logits.shape[:-2], 1)):
+        needs_grad = torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (level_logits, selection, offset))
+        fused = _compiled_level_sums(level_logits.detach(), keep, selection.detach(),
+                                     None if offset is None else offset.detach(), needs_grad=needs_grad)
+    if fused is None:
+        return (keep * log_expected_sigmoid_categorical(level_logits, selection, offset)).sum(-1)
+    if len(fused) == 1:
+        return (keep * fused[0]).sum(-1)
+    return _PrecomputedLevelGradient.apply(level_logits, selection, offset, keep, fused)

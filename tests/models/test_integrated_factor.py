@@ -12,7 +12,7 @@ from mnar_recsys.data.rows import as_rows
 from mnar_recsys.models.config import ModelConfig, build_model
 from mnar_recsys.models import quadrature
 from mnar_recsys.models.quadrature import (gauss_hermite, log_expected_sigmoid, log_expected_sigmoid_categorical,
-                                           masked_log_expected_sigmoid_sum)
+                                           masked_log_expected_sigmoid_categorical_sum, masked_log_expected_sigmoid_sum)
 
 
 def self_masking_model(decoder: str, n_features: int = 6, slopes: tuple[float, float] = (-1.5, 1.5),
@@ -134,9 +134,16 @@ def _masked_sum(mean: torch.Tensor, sd: torch.Tensor) -> torch.Tensor:
     return masked_log_expected_sigmoid_sum(mean, torch.tensor(0.7, dtype=mean.dtype), -sd, sd, keep)
 
 
+def _masked_level_sum(mean: torch.Tensor, sd: torch.Tensor) -> torch.Tensor:
+    keep = (torch.arange(mean.shape[-1]) % 2).to(mean.dtype)
+    return masked_log_expected_sigmoid_categorical_sum(torch.stack([mean, -mean, 2 * mean], -1),
+                                                       torch.stack([sd, -sd, 3 * sd], -1), keep)
+
+
 @pytest.mark.parametrize("kernel, compiled", [(log_expected_sigmoid, "_compiled_node_sums"),
-                                              (_masked_sum, "_compiled_masked_sums")])
-def test_gaussian_kernels_run_eagerly_with_a_warning_once_compiling_fails(monkeypatch, kernel, compiled):
+                                              (_masked_sum, "_compiled_masked_sums"),
+                                              (_masked_level_sum, "_compiled_level_sums")])
+def test_compiled_kernels_run_eagerly_with_a_warning_once_compiling_fails(monkeypatch, kernel, compiled):
     """Without a working C++ compiler what torch.compile returns raises BackendCompilerFailed when called: the
     kernel warns once, gives the same values from the eager loop, and does not try to compile again."""
     calls = []
@@ -176,6 +183,49 @@ def test_categorical_kernel_is_the_softmax_weighted_sum_in_value_and_gradient(sh
     torch.testing.assert_close(log_expected_sigmoid_categorical(logits, selection, offset), reference)
     inputs = (logits, selection) + (() if offset is None else (offset,))
     assert torch.autograd.gradcheck(lambda *a: log_expected_sigmoid_categorical(*a), inputs)
+
+
+@pytest.mark.parametrize("offset_shape, level_major, scale, fused", [
+    ((4, 3, 1), True, 3.0, True),  # the decoder's level-major logits, with a row offset per (row, sample)
+    (None, False, 3.0, True),  # feature-major logits, no offset
+    (None, True, 30.0, True),  # missing probabilities down to 1e-13, which 1 - Pr(observed) would lose
+    ((4, 1, 1), True, 3.0, False),  # an offset shared by the samples: the composition
+])
+def test_masked_categorical_missing_term_is_the_masked_sum_of_the_kernel_in_value_and_gradient(
+        offset_shape, level_major, scale, fused):
+    """The categorical missing term equals Σ_j keep_j log_expected_sigmoid_categorical(l_j, s_j, offset), in
+    value (with and without gradients) and in the gradient of every input, in float64, by the fused kernel
+    where it applies and by that composition where it does not."""
+    generator = torch.Generator().manual_seed(4)
+
+    def tensor(shape, spread=1.0):
+        return spread * torch.randn(shape, generator=generator, dtype=torch.float64)
+
+    logits = (tensor((4, 3, 5, 6), 2).transpose(-1, -2) if level_major else tensor((4, 3, 6, 5), 2)).requires_grad_()
+    selection = (scale + tensor((6, 5), 3)).requires_grad_()
+    offset = None if offset_shape is None else tensor(offset_shape).requires_grad_()
+    keep = (torch.rand(4, 1, 6, generator=generator) > 0.3).double()
+    inputs = [t for t in (logits, selection, offset) if t is not None]
+    upstream = tensor((4, 3))
+
+    expected = (keep * log_expected_sigmoid_categorical(logits, selection, offset)).sum(-1)
+    value = masked_log_expected_sigmoid_categorical_sum(logits, selection, keep, offset)
+    assert (type(value.grad_fn).__name__ == "_PrecomputedLevelGradientBackward") == fused
+    torch.testing.assert_close(value, expected)
+    for a, b in zip(torch.autograd.grad((value * upstream).sum(), inputs),
+                    torch.autograd.grad((expected * upstream).sum(), inputs)):
+        torch.testing.assert_close(a, b)
+    with torch.no_grad():
+        torch.testing.assert_close(masked_log_expected_sigmoid_categorical_sum(logits, selection, keep, offset),
+                                   expected.detach())
+
+
+def test_categorical_decoder_lays_its_logits_out_level_major():
+    """Each level's logits lie contiguous over the features, as the fused missing term reads them fastest."""
+    decoder = build_model(ModelConfig(n_features=7, decoder="categorical")).decoder
+    logits = decoder(torch.randn(2, 3, decoder.logit_head.in_features))[0]
+    assert logits.shape == (2, 3, 7, 5)
+    assert logits.transpose(-1, -2).is_contiguous()
 
 
 def test_categorical_kernel_refuses_level_logits_smaller_than_the_selection():
