@@ -118,15 +118,23 @@ def test_masked_missing_term_is_the_masked_sum_of_the_kernel_in_value_and_gradie
 
     mean = slope * loc + intercept
     expected = (keep * log_expected_sigmoid(mean if offset is None else mean + offset, sd)).sum(-1)
-    value = masked_log_expected_sigmoid_sum(loc, slope, intercept, sd, keep, offset)
-    assert (type(value.grad_fn).__name__ == "_PrecomputedGradientBackward") == fused
+    _assert_term_matches(lambda: masked_log_expected_sigmoid_sum(loc, slope, intercept, sd, keep, offset),
+                         expected, inputs, upstream, "_PrecomputedGradientBackward" if fused else None)
+
+
+def _assert_term_matches(term, expected: torch.Tensor, inputs: list[torch.Tensor], upstream: torch.Tensor,
+                         fused_backward: str | None) -> None:
+    """term() equals `expected` in value, with and without gradients, and in the gradient of every input,
+    and went through the fused kernel (its backward named `fused_backward`) or, given None, did not."""
+    value = term()
+    assert type(value.grad_fn).__name__ == fused_backward or (
+        fused_backward is None and "Precomputed" not in type(value.grad_fn).__name__)
     torch.testing.assert_close(value, expected)
     for a, b in zip(torch.autograd.grad((value * upstream).sum(), inputs),
                     torch.autograd.grad((expected * upstream).sum(), inputs)):
         torch.testing.assert_close(a, b)
     with torch.no_grad():
-        torch.testing.assert_close(masked_log_expected_sigmoid_sum(loc, slope, intercept, sd, keep, offset),
-                                   expected.detach())
+        torch.testing.assert_close(term(), expected.detach())
 
 
 def _masked_sum(mean: torch.Tensor, sd: torch.Tensor) -> torch.Tensor:
@@ -209,15 +217,8 @@ def test_masked_categorical_missing_term_is_the_masked_sum_of_the_kernel_in_valu
     upstream = tensor((4, 3))
 
     expected = (keep * log_expected_sigmoid_categorical(logits, selection, offset)).sum(-1)
-    value = masked_log_expected_sigmoid_categorical_sum(logits, selection, keep, offset)
-    assert (type(value.grad_fn).__name__ == "_PrecomputedLevelGradientBackward") == fused
-    torch.testing.assert_close(value, expected)
-    for a, b in zip(torch.autograd.grad((value * upstream).sum(), inputs),
-                    torch.autograd.grad((expected * upstream).sum(), inputs)):
-        torch.testing.assert_close(a, b)
-    with torch.no_grad():
-        torch.testing.assert_close(masked_log_expected_sigmoid_categorical_sum(logits, selection, keep, offset),
-                                   expected.detach())
+    _assert_term_matches(lambda: masked_log_expected_sigmoid_categorical_sum(logits, selection, keep, offset),
+                         expected, inputs, upstream, "_PrecomputedLevelGradientBackward" if fused else None)
 
 
 def test_categorical_decoder_lays_its_logits_out_level_major():
