@@ -8,13 +8,15 @@ import pytest
 
 from mnar_recsys.allocator import keep_freed_memory
 
+_LIBC, _LIBC_VERSION = platform.libc_ver()
 
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="tunes glibc's malloc only")
+
+@pytest.mark.skipif(_LIBC != "glibc", reason="tunes glibc's malloc only")
 def test_glibc_accepts_the_settings():
     assert keep_freed_memory() is True
 
 
-@pytest.mark.skipif(platform.libc_ver()[0] == "glibc", reason="checks the refusal on other C libraries")
+@pytest.mark.skipif(_LIBC == "glibc", reason="checks the refusal on other C libraries")
 def test_other_c_libraries_are_left_alone():
     assert keep_freed_memory() is False
 
@@ -41,13 +43,14 @@ print(during.hblkhd - before.hblkhd, during.arena - after.arena, after.fordblks 
 """
 
 
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc"
-                    or tuple(map(int, platform.libc_ver()[1].split("."))) < (2, 33), reason="reads glibc's mallinfo2 (2.33 and later)")
+
+@pytest.mark.skipif(_LIBC != "glibc" or tuple(map(int, _LIBC_VERSION.split("."))) < (2, 33),
+                    reason="reads glibc's mallinfo2 (2.33 and later)")
 @pytest.mark.parametrize("settings", ["tuned", "default"])
 def test_a_freed_40_mb_block_stays_in_the_heap_only_when_tuned(settings):
     """In a fresh process, glibc's own accounting of a 40 MB tensor (the categorical decoder's size at the
-    Yahoo! R3 shape): tuned, it is served from the heap and stays there, free, once released, so the next
-    such block reuses its pages; with glibc's defaults it is mapped apart and unmapped on release. Whether
+    Yahoo! R3 shape): tuned, it is served from the heap and stays there, free, once released, for the next
+    such block to reuse; with glibc's defaults it is mapped apart and unmapped on release. Whether
     reuse saves page faults depends on the kernel too: the bench (`bench/core_speed.py`) counts them."""
     mapped, heap_shrink, freed = map(int, subprocess.run(
         [sys.executable, "-c", _HEAP_AFTER_A_FREED_40_MB_BLOCK, settings], capture_output=True, text=True,
