@@ -8,10 +8,9 @@ Prints, each measured in its own process (so peak memory is its own):
      the mask and sum around it and against that kernel's eager loop, with and without gradients, and its
      decoder's mean at every item alone, the least an exact step computes), with integrated x_m and the
      missing term estimated from --unobserved-samples unobserved items per row; and for the categorical
-     decoder with the row offset (`notmiwae-categorical-activity`), also with glibc's default allocator
-     (and the page faults of refilling a freed block of its size, either way); its exact sum over the
-     levels, fused into one compiled pass, is timed against the looped kernel and the same sum written
-     with PyTorch's log_softmax and logsumexp. Each after a 5-step
+     decoder with the row offset (`notmiwae-categorical-activity`), also with glibc's default allocator,
+     whose exact sum over the levels, fused into one compiled pass, is timed against the looped kernel
+     and the same sum written with PyTorch's log_softmax and logsumexp. Each after a 5-step
      warm-up fit, timed apart, which includes torch.compile's build of the quadrature kernel;
   2. the imputation of 5,400 rows x 10 held-out items with K = 10,000 (integrated x_m), after a 2-row
      warm-up that builds the quadrature kernel; by default on --impute-rows rows and scaled linearly to
@@ -28,7 +27,6 @@ Targets on the 2-core machine: <= 10 s per 1,000 iterations, <= 30 s for the imp
 from __future__ import annotations
 
 import argparse
-import resource
 import time
 
 import numpy as np
@@ -196,14 +194,6 @@ def sparse_vs_dense(n_items: int, repeats: int = 20) -> dict:
             "step_csr": _time(step(sparse_rows), 5), "step_dense": _time(step(dense_rows), 5)}
 
 
-def refill_faults() -> int:
-    """Minor page faults while a 40 MB tensor is filled right after another was freed."""
-    torch.empty(10 * 2 ** 20).fill_(1.0)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    torch.empty(10 * 2 ** 20).fill_(1.0)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iterations", type=int, default=1000)
@@ -241,9 +231,6 @@ def main() -> None:
     untuned = isolated(train_seconds, "integrated", args.iterations, None, "categorical", True, keep_memory=False)
     print(f"  the same with glibc's default allocator settings: {untuned['per_1000']:7.1f} s "
           f"(ratio {untuned['per_1000'] / r['per_1000']:.2f}x), peak {untuned['peak_mib']:.0f} MiB")
-    faults = {keep: isolated(refill_faults, keep_memory=keep) for keep in (True, False)}
-    print(f"  page faults refilling a freed 40 MB block (its (rows x samples x items x levels) size): "
-          f"{faults[True]} tuned, {faults[False]} with glibc's defaults")
     r = {key: seconds * 1e3 for key, seconds in isolated(categorical_sum_seconds).items()}
     print(f"  its exact sum over levels, forward and backward: {r['fused']:.0f} ms fused vs {r['looped']:.0f} ms "
           f"looped kernel (ratio {r['looped'] / r['fused']:.1f}x) vs {r['reference']:.0f} ms with log_softmax / "

@@ -49,9 +49,10 @@ print(during.hblkhd - before.hblkhd, during.arena - after.arena, after.fordblks 
 @pytest.mark.parametrize("settings", ["tuned", "default"])
 def test_a_freed_40_mb_block_stays_in_the_heap_only_when_tuned(settings):
     """In a fresh process, glibc's own accounting of a 40 MB tensor (the categorical decoder's size at the
-    Yahoo! R3 shape): tuned, it is served from the heap and stays there, free, once released, for the next
-    such block to reuse; with glibc's defaults it is mapped apart and unmapped on release. Whether
-    reuse saves page faults depends on the kernel too: the bench (`bench/core_speed.py`) counts them."""
+    Yahoo! R3 shape): tuned, it is served from the heap and stays there, free, once released; with glibc's
+    defaults it is mapped apart and unmapped on release. Page faults are not counted: whether the next
+    40 MB block lands in the freed one depends on the heap's layout (posix_memalign's padding asks for
+    more than the freed block holds unless it merged with free neighbours), which differs by machine."""
     mapped, heap_shrink, freed = map(int, subprocess.run(
         [sys.executable, "-c", _HEAP_AFTER_A_FREED_40_MB_BLOCK, settings], capture_output=True, text=True,
         check=True).stdout.split())
