@@ -43,7 +43,6 @@ print(during.hblkhd - before.hblkhd, during.arena - after.arena, after.fordblks 
 """
 
 
-
 @pytest.mark.skipif(_LIBC != "glibc" or tuple(map(int, _LIBC_VERSION.split("."))) < (2, 33),
                     reason="reads glibc's mallinfo2 (2.33 and later)")
 @pytest.mark.parametrize("settings", ["tuned", "default"])
