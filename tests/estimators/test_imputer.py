@@ -131,10 +131,11 @@ def test_self_masking_model_starts_as_in_the_reference_code(self_masked):
                             random_state=0).fit(Xm).model_
     missing = model.missing_model
     limit = np.sqrt(6 / (1 + 6))
-    for start in (missing.weight.detach().numpy(), missing.offset.detach().numpy()):
+    for start in (missing.weight.detach().cpu().numpy(), missing.offset.detach().cpu().numpy()):
         assert np.abs(start).max() <= limit and (start > 0).any() and (start < 0).any()
-    slope, intercept = missing.feature_affine(torch.arange(6))
-    torch.testing.assert_close(slope * missing.offset + intercept, torch.zeros(6))  # logit 0 at the threshold
+    slope, intercept = missing.feature_affine(torch.arange(6, device=missing.offset.device))
+    logit = slope * missing.offset + intercept
+    torch.testing.assert_close(logit, torch.zeros_like(logit))  # logit 0 at the threshold
 
 
 def test_agnostic_missing_model_learns_the_mask_and_imputes(self_masked):

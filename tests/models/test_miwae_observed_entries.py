@@ -90,7 +90,7 @@ def test_the_miwae_log_likelihood_is_the_flat_models_less_its_constant_log_ps(mo
     expected = log_likelihood(flat, data, config)
     got = log_likelihood(without_full_forward(miwae, monkeypatch), data, config)
     observed = torch.from_numpy(~np.isnan(data))
-    bias = flat.missing_model.bias.detach().double()
+    bias = flat.missing_model.bias.detach().double().cpu()  # log_likelihood moved the model to its device
     log_ps = torch.where(observed, F.logsigmoid(bias), F.logsigmoid(-bias)).sum(1).numpy()
     np.testing.assert_allclose(got + log_ps, expected, rtol=1e-5)
 
