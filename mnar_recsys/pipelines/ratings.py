@@ -4,8 +4,9 @@ For every seed the MCAR sample for MF-IPS is drawn once and left out of scoring 
 (``mnar_recsys.evaluation.protocol``). Writes results.json (one record per model and seed),
 results.md, a histogram of predictions against the MCAR truth and per-rating MSE bars.
 
-Under `torchrun` every process trains the not-MIWAE variants together (data-parallel); process 0
-alone fits the baselines, predicts, scores and writes.
+With `--jobs N` the (seed, model) runs go to N worker processes of one thread each; under `torchrun`
+every process trains the not-MIWAE variants together (data-parallel) and process 0 alone fits the
+baselines, predicts, scores and writes.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from baselines.base import Recommender
@@ -29,6 +31,7 @@ from mnar_recsys.evaluation.metrics import mae, mse
 from mnar_recsys.evaluation.protocol import MCARSplit, fit_and_score, mcar_split
 from mnar_recsys.evaluation.reports import markdown_table, provenance, summarise, write_atomic, write_json
 from mnar_recsys.inference.importance import ImportanceConfig
+from mnar_recsys.pipelines.workers import run_tasks
 from mnar_recsys.training import distributed
 from mnar_recsys.training.distributed import BACKENDS
 from mnar_recsys.training.trainer import TrainConfig
@@ -64,6 +67,7 @@ class RatingsRun:
     selection: str = "race"
     estimator_k: tuple[int, ...] = ()
     unobserved_samples: int | None = None
+    jobs: int = 1
 
     def __post_init__(self) -> None:
         if self.data not in DATASETS:
@@ -82,14 +86,32 @@ class RatingsRun:
             raise ValueError("the oracle is only known on --data synthetic")
         if not self.seeds:
             raise ValueError("give at least one seed")
+        for label, values in (("--models", self.models), ("--seeds", self.seeds)):
+            repeated = sorted({v for v in values if values.count(v) > 1}, key=str)
+            if repeated:
+                raise ValueError(f"{label} names {', '.join(map(str, repeated))} more than once")
         if any(k < 1 for k in self.estimator_k):
             raise ValueError(f"--estimator-k values must be positive, got {self.estimator_k}")
         if self.unobserved_samples is not None and self.unobserved_samples < 1:
             raise ValueError(f"--unobserved-samples must be at least 1, got {self.unobserved_samples}")
+        if self.jobs < 1:
+            raise ValueError(f"--jobs must be at least 1, got {self.jobs}")
 
 
 def load_data(run: RatingsRun) -> RatingsData:
-    """The run's data set; the simulator is drawn once (data_seed), the model seeds vary on top of it."""
+    """The run's data set; the simulator is drawn once (data_seed), the model seeds vary on top of it.
+    Kept for the process's next call with the same data settings (a worker's next task)."""
+    key = (run.data, run.data_dir, run.users, run.items, run.test_users, run.data_seed, run.selection)
+    if key not in _LOADED:
+        _LOADED.clear()
+        _LOADED[key] = _read_data(run)
+    return _LOADED[key]
+
+
+_LOADED: dict[tuple, RatingsData] = {}
+
+
+def _read_data(run: RatingsRun) -> RatingsData:
     if run.data == "coat":
         return load_coat(run.data_dir)
     if run.data == "yahoo":
@@ -149,47 +171,61 @@ def estimator_study(model: NotMIWAERecommender, split: MCARSplit, ks: tuple[int,
     return records
 
 
+def fit_one(run: RatingsRun, seed: int, name: str, progress: bool) -> tuple[dict[str, Any], np.ndarray,
+                                                                           list[dict[str, Any]]]:
+    """Fit and score model `name` on seed `seed`'s split: its record, its predictions (aligned with the
+    split's scored ratings) and, for the estimator study's model, the study's records."""
+    data = load_data(run)
+    split = mcar_split(data, seed)
+    model = build(name, run, data, seed, progress)
+    record, predicted = fit_and_score(model, split)
+    record["config"] = {"run": {**asdict(run), "processes": distributed.world_size()},
+                        "model": model_settings(model)}
+    studied = []
+    if isinstance(model, NotMIWAERecommender):
+        record["training_curve"] = {"bound": model.history.bound, "validation": model.history.validation}
+        if model.history.validation:
+            record["best_iteration"] = model.history.best_iteration
+        if run.estimator_k and name == ESTIMATOR_MODEL:
+            studied = estimator_study(model, split, run.estimator_k)
+    return record, predicted, studied
+
+
 def run_ratings(run: RatingsRun, progress: bool = True) -> dict[str, Any]:
     """Fit and score every model on every seed; write results.json, results.md and the plots."""
+    if run.jobs > 1 and distributed.launched():
+        raise ValueError("--jobs shares the runs out to worker processes; under torchrun leave it at 1")
     data = load_data(run)
     out = Path(run.out)
-    settings = {**asdict(run), "processes": distributed.world_size()}
-    records, estimator, predictions = [], [], {}
-    results = {"data": describe(data), "config": settings, "provenance": provenance(), "records": records,
-               "estimator_k": estimator}
-    main = distributed.is_main_process()
-    for seed in run.seeds:
-        split = mcar_split(data, seed)
-        if seed == run.seeds[0]:
-            first_truth = split.ratings  # the histogram shows the first seed's scored entries
-        for name in run.models:
-            model = build(name, run, data, seed, progress and main)
-            if not main:
-                if isinstance(model, NotMIWAERecommender):
-                    model.fit(split.train)  # this process's part of the data-parallel training
-                continue
-            record, predicted = fit_and_score(model, split)
-            record["config"] = {"run": settings, "model": model_settings(model)}
+    tasks = [(run, seed, name, progress and run.jobs == 1) for seed in run.seeds for name in run.models]
+    if not distributed.is_main_process():
+        for _, seed, name, _ in tasks:  # this process's part of the not-MIWAE's data-parallel training
+            model = build(name, run, data, seed, progress=False)
             if isinstance(model, NotMIWAERecommender):
-                record["training_curve"] = {"bound": model.history.bound, "validation": model.history.validation}
-                if model.history.validation:
-                    record["best_iteration"] = model.history.best_iteration
-            record["provenance"] = results["provenance"]
-            records.append(record)
-            if seed == run.seeds[0]:
-                predictions[name] = predicted
-            if run.estimator_k and name == ESTIMATOR_MODEL:
-                estimator += estimator_study(model, split, run.estimator_k)
-            # rewritten after every model, so a long run that is stopped keeps what it finished
-            table = summary_table(records)
-            write_json(out / "results.json", results)
-            write_atomic(out / "results.md", report(data, run, table, estimator))
-            if progress:
-                print(f"seed {seed} {name}: MSE {record['mse']:.3f}, MAE {record['mae']:.3f} "
-                      f"({record['train_seconds']:.0f} s)", flush=True)
-    if not main:
-        return results
-    plots.prediction_histograms(predictions, first_truth, out / "predictions_histogram.png",
+                model.fit(mcar_split(data, seed).train)
+        return {}
+    order = {task[1:3]: position for position, task in enumerate(tasks)}
+    records, estimator, predictions, finished = [], [], {}, {}
+    results = {"data": describe(data), "config": {**asdict(run), "processes": distributed.world_size()},
+               "provenance": provenance(), "records": records, "estimator_k": estimator}
+    for (_, seed, name, _), (record, predicted, studied) in run_tasks(fit_one, tasks, run.jobs):
+        record["provenance"] = results["provenance"]
+        finished[order[seed, name]] = record
+        records[:] = [finished[position] for position in sorted(finished)]  # in task order, however they finish
+        estimator += studied
+        estimator.sort(key=lambda r: run.seeds.index(r["seed"]))  # stable: each seed's study keeps its order
+        if seed == run.seeds[0]:
+            predictions[name] = predicted
+        # rewritten after every model, so a long run that is stopped keeps what it finished
+        table = summary_table(records)
+        write_json(out / "results.json", results)
+        write_atomic(out / "results.md", report(data, run, table, estimator))
+        if progress:
+            print(f"seed {seed} {name}: MSE {record['mse']:.3f}, MAE {record['mae']:.3f} "
+                  f"({record['train_seconds']:.0f} s)", flush=True)
+    first_truth = mcar_split(data, run.seeds[0]).ratings  # the histogram shows the first seed's scored entries
+    plots.prediction_histograms({name: predictions[name] for name in run.models}, first_truth,
+                                out / "predictions_histogram.png",
                                 title=f"{data.name}, seed {run.seeds[0]}: predictions vs MCAR truth")
     plots.per_rating_mse(records, out / "per_rating_mse.png", title=f"{data.name}: MSE per true rating")
     if any("training_curve" in r for r in records):
@@ -298,6 +334,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="train the not-MIWAE models on the missing term estimated from M uniform draws of "
                              "unobserved items per user instead of all of them (large catalogues; prediction "
                              "stays exact; default: the exact term)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="worker processes, one thread each, that share the (seed, model) runs out "
+                             "(default 1: all here)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default: torch's choice; 1 is fastest on a busy machine)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars or per-model lines")
@@ -314,7 +353,7 @@ def _run(args: argparse.Namespace) -> int:
                      validation_fraction=args.validation_fraction, importance_samples=args.importance_samples,
                      device=args.device, users=args.users, items=args.items, test_users=args.test_users,
                      data_seed=args.data_seed, selection=args.selection, estimator_k=args.estimator_k,
-                     unobserved_samples=args.unobserved_samples)
+                     unobserved_samples=args.unobserved_samples, jobs=args.jobs)
     if not distributed.launched():
         run_ratings(run, progress=not args.no_progress)
         return 0

@@ -9,15 +9,12 @@ models also the accuracy of the learnt missing model's mask predictions on the c
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from baselines.dense_imputers import DENSE_IMPUTERS, make_dense_imputer
 from mnar_recsys.pipelines.arguments import add_config_options, config_from_options
@@ -28,6 +25,7 @@ from mnar_recsys.evaluation import plots
 from mnar_recsys.evaluation.metrics import imputation_rmse
 from mnar_recsys.evaluation.reports import markdown_table, provenance, summarise, write_atomic, write_json
 from mnar_recsys.inference.importance import check_sampled_imputation
+from mnar_recsys.pipelines.workers import run_tasks
 
 #: (decoder, missing model) of each neural model, named as in the paper's table 1
 NEURAL_MODELS: dict[str, tuple[str, str]] = {
@@ -207,10 +205,11 @@ def run_uci(datasets: list[str], models: list[str], config: UCIConfig, out: Path
         raise ValueError(f"jobs must be at least 1, got {jobs}")
     data = {name: masked_dataset(load_uci(name, data_dir), config.offset) for name in datasets}  # fail early
     meta = {"provenance": provenance(), "protocol": asdict(config), "data_dir": data_dir, "jobs": jobs}
-    tasks = [(name, model, run) for name in data for model in models for run in range(config.runs)]
-    order = {task: position for position, task in enumerate(tasks)}
+    keys = [(name, model, run) for name in data for model in models for run in range(config.runs)]
+    order = {key: position for position, key in enumerate(keys)}
+    tasks = [(name, model, *data[name], run, config, progress and jobs == 1) for name, model, run in keys]
     records: list[dict[str, Any]] = []
-    for record in _run_tasks(tasks, data, config, jobs, progress):
+    for _, record in run_tasks(run_one, tasks, jobs):
         records.append(record)
         print(f"{record['dataset']:9s} {record['model']:34s} run {record['run']}: RMSE {record['rmse']:.3f} "
               f"({record['seconds']:.0f} s)", flush=True)
@@ -219,23 +218,6 @@ def run_uci(datasets: list[str], models: list[str], config: UCIConfig, out: Path
     write_atomic(out / "results.md", results_markdown(records, asdict(config)))
     rmse_figure(records, out / "rmse.png")
     return records
-
-
-def _run_tasks(tasks: list[tuple[str, str, int]], data: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
-               config: UCIConfig, jobs: int, progress: bool):
-    """Yield the tasks' records: in order in this process, or as they finish in `jobs` workers."""
-    if jobs == 1:
-        for name, model, run in tasks:
-            yield run_one(name, model, *data[name], run, config, progress)
-        return
-    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=torch.set_num_threads, initargs=(1,))
-    try:
-        futures = [pool.submit(run_one, name, model, *data[name], run, config) for name, model, run in tasks]
-        for future in as_completed(futures):
-            yield future.result()
-    finally:  # after a failure, start no more runs
-        pool.shutdown(cancel_futures=True)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -59,6 +59,10 @@ def test_cli_refuses_bad_requests(tmp_path, capsys):
     assert "unknown models" in capsys.readouterr().err
     assert main(["ratings", "--data", "coat", "--out", str(tmp_path)]) == 2
     assert "needs --data-dir" in capsys.readouterr().err
+    assert main(["ratings", "--models", "mf,pmf,mf", "--out", str(tmp_path)]) == 2
+    assert "--models names mf more than once" in capsys.readouterr().err
+    assert main(["ratings", "--seeds", "0,1,0", "--out", str(tmp_path)]) == 2
+    assert "--seeds names 0 more than once" in capsys.readouterr().err
 
 
 def test_every_model_predicts_on_the_data_sets_rating_scale():
@@ -130,6 +134,23 @@ def test_ratings_runs_data_parallel_under_torchrun(tmp_path):
     assert [r["model"] for r in results["records"]] == ["notmiwae-gaussian", "mf"]
     assert results["config"]["processes"] == 2
     assert launched.stdout.count("| notmiwae-gaussian | 1 |") == 1  # one table, printed by process 0 only
+
+
+def test_worker_processes_give_the_records_of_a_one_process_run(tmp_path, capsys):
+    """--jobs 2 shares the (seed, model) runs out to spawned one-thread workers: the same records, in the
+    same order, with the same numbers as one thread here, and the estimator study comes back from them."""
+    options = ["--iterations", "10", "--seeds", "0,1", "--models", "notmiwae-gaussian,mf,oracle", "--estimator-k", "10"]
+    assert small_run(tmp_path / "one", *options) == 0
+    assert small_run(tmp_path / "two", *options, "--jobs", "2") == 0
+    one, two = (json.loads((tmp_path / name / "results.json").read_text()) for name in ("one", "two"))
+    assert two["config"]["jobs"] == 2 and two["records"][0]["config"]["run"]["jobs"] == 2
+    assert [(r["seed"], r["model"]) for r in two["records"]] == [(r["seed"], r["model"]) for r in one["records"]]
+    assert [r["mse"] for r in two["records"]] == [r["mse"] for r in one["records"]]
+    assert one["records"][0]["mse"] != one["records"][3]["mse"]  # the seeds differ, so the comparison has teeth
+    assert [(r["seed"], r["mse"]) for r in two["estimator_k"]] == [(r["seed"], r["mse"]) for r in one["estimator_k"]]
+    assert {p.name for p in (tmp_path / "two").iterdir()} == {p.name for p in (tmp_path / "one").iterdir()}
+    assert main(["ratings", "--jobs", "0", "--out", str(tmp_path / "bad")]) == 2
+    assert "--jobs must be at least 1" in capsys.readouterr().err
 
 
 def test_cli_unobserved_samples_is_recorded(tmp_path, capsys):
