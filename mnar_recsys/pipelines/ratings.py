@@ -98,6 +98,9 @@ class RatingsRun:
             raise ValueError(f"--jobs must be at least 1, got {self.jobs}")
 
 
+_LOADED: dict[tuple, RatingsData] = {}  # the last data set this process loaded, by its settings
+
+
 def load_data(run: RatingsRun) -> RatingsData:
     """The run's data set; the simulator is drawn once (data_seed), the model seeds vary on top of it.
     Kept for the process's next call with the same data settings (a worker's next task)."""
@@ -106,9 +109,6 @@ def load_data(run: RatingsRun) -> RatingsData:
         _LOADED.clear()
         _LOADED[key] = _read_data(run)
     return _LOADED[key]
-
-
-_LOADED: dict[tuple, RatingsData] = {}
 
 
 def _read_data(run: RatingsRun) -> RatingsData:
@@ -136,6 +136,11 @@ def build(name: str, run: RatingsRun, data: RatingsData, seed: int, progress: bo
     if name in UNSEEDED:
         return make_baseline(name, rating_scale=data.rating_scale)
     return make_baseline(name, seed=seed, rating_scale=data.rating_scale)
+
+
+def run_settings(run: RatingsRun) -> dict[str, Any]:
+    """The run's configuration, and how many processes train together, for the results."""
+    return {**asdict(run), "processes": distributed.world_size()}
 
 
 def model_settings(model: Recommender) -> dict[str, Any]:
@@ -179,8 +184,7 @@ def fit_one(run: RatingsRun, seed: int, name: str, progress: bool) -> tuple[dict
     split = mcar_split(data, seed)
     model = build(name, run, data, seed, progress)
     record, predicted = fit_and_score(model, split)
-    record["config"] = {"run": {**asdict(run), "processes": distributed.world_size()},
-                        "model": model_settings(model)}
+    record["config"] = {"run": run_settings(run), "model": model_settings(model)}
     studied = []
     if isinstance(model, NotMIWAERecommender):
         record["training_curve"] = {"bound": model.history.bound, "validation": model.history.validation}
@@ -206,8 +210,8 @@ def run_ratings(run: RatingsRun, progress: bool = True) -> dict[str, Any]:
         return {}
     order = {task[1:3]: position for position, task in enumerate(tasks)}
     records, estimator, predictions, finished = [], [], {}, {}
-    results = {"data": describe(data), "config": {**asdict(run), "processes": distributed.world_size()},
-               "provenance": provenance(), "records": records, "estimator_k": estimator}
+    results = {"data": describe(data), "config": run_settings(run), "provenance": provenance(), "records": records,
+               "estimator_k": estimator}
     for (_, seed, name, _), (record, predicted, studied) in run_tasks(fit_one, tasks, run.jobs):
         record["provenance"] = results["provenance"]
         finished[order[seed, name]] = record
