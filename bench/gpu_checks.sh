@@ -23,8 +23,10 @@ if compgen -G ".whl/*.whl" > /dev/null; then
 fi
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" | tee -a "$OUT/summary.log"
 # the whole suite with device 'auto' = CUDA: every model path on the GPU, and the CPU-vs-GPU agreement test;
-# twelve workers share the GPU (pytest-xdist), as the small models leave it mostly idle
-step 190 tests $PY -m pytest -q -p no:cacheprovider --maxfail=15 -n 12 --durations=10
+# fifteen workers share the GPU (pytest-xdist), as the small models leave it mostly idle; -v names each
+# failure as it happens, so a run cut off by its limit still says which tests failed
+step 200 tests $PY -m pytest -v -p no:cacheprovider --maxfail=15 -n 15 --tb=short -W ignore
+grep -E "(FAILED|ERROR) tests/" "$OUT/tests.log" | sort -u | tee -a "$OUT/summary.log"
 # the paper's full Yahoo! R3-sized run of one model: 10,000 iterations and the MCAR scoring; then the
 # main job's best model, the categorical decoder with the row offset, at the same size
 for model in notmiwae-gaussian notmiwae-categorical-activity; do
