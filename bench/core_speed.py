@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from isolation import isolated, peak_rss_mib  # bench/, on the path when this script runs
 from mnar_recsys.data.rows import as_rows
-from mnar_recsys.inference.importance import ImportanceConfig, impute
+from mnar_recsys.inference.importance import DEFAULT_CHUNK_ENTRIES, ImportanceConfig, impute
 from mnar_recsys.models.config import ModelConfig, build_model
 from mnar_recsys.models import quadrature
 from mnar_recsys.models.quadrature import (log_expected_sigmoid_categorical,
@@ -46,7 +46,7 @@ from mnar_recsys.training.trainer import TrainConfig, fit
 
 USERS, ITEMS, PER_ROW, TEST_USERS, TEST_ITEMS = 15_400, 1_000, 20, 5_400, 10
 IMPUTE_ROWS = ImportanceConfig().row_chunk  # rows x samples of one imputation sub-chunk
-IMPUTE_SAMPLES = ImportanceConfig().chunk_entries // (IMPUTE_ROWS * ITEMS)
+IMPUTE_SAMPLES = DEFAULT_CHUNK_ENTRIES["cpu"] // (IMPUTE_ROWS * ITEMS)
 
 
 def yahoo_shaped(n_rows: int, n_items: int, per_row: int, seed: int = 0) -> sp.csr_matrix:
@@ -131,7 +131,7 @@ def missing_term_seconds(mode: str, repeats: int = 20) -> dict:
 
 def decoder_seconds(repeats: int = 20) -> dict:
     """The Gaussian decoder's squashed mean at every item: forward and backward at a training step's
-    (100 x 20) samples, and forward alone at an imputation sub-chunk's (ImportanceConfig's defaults).
+    (100 x 20) samples, and forward alone at a CPU imputation sub-chunk's (ImportanceConfig's defaults on a CPU).
     Any exact not-MIWAE step or imputation computes at least this."""
     decoder = build_model(ModelConfig(n_features=ITEMS)).decoder
     generator = torch.Generator().manual_seed(0)

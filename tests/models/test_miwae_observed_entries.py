@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from mnar_recsys.data.rows import as_rows
+from mnar_recsys.inference import importance
 from mnar_recsys.inference.importance import ImportanceConfig, impute, log_likelihood
 from mnar_recsys.models.bound import importance_weighted_bound
 from mnar_recsys.models.config import ModelConfig, build_model
@@ -113,3 +114,19 @@ def test_the_miwae_sizes_its_sub_chunks_by_the_entries_it_computes(monkeypatch):
     assert max(sizes["notmiwae"]) == 10
     per_sample = batch.obs_row.numel() + rows.size + 12 * 4  # and each row's z, of latent size 4
     assert max(sizes["miwae"]) == config.chunk_entries // per_sample > 10
+
+
+def test_without_chunk_entries_a_sub_chunk_takes_the_default_of_the_rows_device(monkeypatch):
+    """chunk_entries=None sizes each sub-chunk by DEFAULT_CHUNK_ENTRIES for the device the rows are on (a CPU
+    here), for imputation and log-likelihood alike."""
+    data = ratings()
+    _, model = models("gaussian")
+    monkeypatch.setitem(importance.DEFAULT_CHUNK_ENTRIES, "cpu", 12 * FEATURES * 7)
+    config = ImportanceConfig(n_samples=30)
+    for method, run in (("sample", lambda: impute(model, data, np.array([0, 3]), np.array([5, 17]), config=config)),
+                        ("exact_terms", lambda: log_likelihood(model, data, config))):
+        sizes, original = [], getattr(model, method)
+        with monkeypatch.context() as patch:  # each counted on its own: exact_terms calls sample
+            patch.setattr(model, method, lambda b, k, **rest: sizes.append(k) or original(b, k, **rest))
+            run()
+        assert sizes == [7, 7, 7, 7, 2], method
