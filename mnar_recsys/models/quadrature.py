@@ -126,12 +126,15 @@ class _Compiled:
     compiling failed (no C++ compiler), after one warning; the caller then runs eagerly."""
 
     def __init__(self, function):
-        self.compiled = torch.compile(function, dynamic=True)
+        self.function = function
+        self.compiled = None  # built at the first call: torch.compile's machinery takes seconds to import
         self.eager = False
 
     def __call__(self, *tensors, **constants):
         if self.eager:
             return None
+        if self.compiled is None:
+            self.compiled = torch.compile(self.function, dynamic=True)
         try:
             with torch.no_grad(), torch._dynamo.config.patch(recompile_limit=_RECOMPILE_LIMIT):
                 return self.compiled(*tensors, **constants)

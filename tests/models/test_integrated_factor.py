@@ -1,6 +1,8 @@
 """The integrated missing factor: log Pr(s_j = 0 | z) = log E_{p(x_j|z)}[sigmoid(-logit_j(x_j))]."""
 
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -170,6 +172,15 @@ def test_compiled_kernels_run_eagerly_with_a_warning_once_compiling_fails(monkey
     assert len(calls) == 1
     torch.testing.assert_close(first, expected)
     torch.testing.assert_close(second, expected)
+
+
+def test_the_command_line_starts_without_loading_torch_compile():
+    """Importing torch.compile's machinery takes seconds, so the command line (whose parser imports every
+    pipeline, and so the models) leaves it unloaded: a kernel is compiled at its first call."""
+    script = ("import sys; from mnar_recsys.cli import build_parser; from mnar_recsys.models import quadrature; "
+              "build_parser(); print('torch._dynamo' in sys.modules, quadrature._compiled_node_sums.compiled)")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert result.stdout.split() == ["False", "None"]
 
 
 @pytest.mark.parametrize("shapes", [
