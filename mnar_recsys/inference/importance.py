@@ -29,8 +29,8 @@ from mnar_recsys.training.trainer import prepare_rows
 METHODS = ("mean", "median", "multiple")
 SAMPLED_IMPUTATIONS = ("decoder-mean", "draws")
 # entries of one (rows x samples x features) sub-chunk by device type: a CPU pass runs fastest on blocks
-# that stay in its caches (smaller ones were 2 to 2.5 times slower); a GPU pass over such a block takes
-# less time than launching its kernels, so a GPU gets blocks 8 times larger
+# that stay in its caches (smaller ones were 2 to 2.5 times slower); on a GPU such a block is little work
+# for each of its kernel launches, so a GPU gets blocks 8 times larger
 DEFAULT_CHUNK_ENTRIES = {"cpu": 2 ** 21, "cuda": 2 ** 24}
 
 
@@ -60,9 +60,8 @@ class ImportanceConfig:
     sampled_imputation: str = "decoder-mean"
 
     def __post_init__(self) -> None:
-        sizes = ("n_samples", "row_chunk", "n_imputations") + (() if self.chunk_entries is None else ("chunk_entries",))
-        for name in sizes:
-            if getattr(self, name) < 1:
+        for name in ("n_samples", "row_chunk", "chunk_entries", "n_imputations"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         check_sampled_imputation(self.sampled_imputation)
 
