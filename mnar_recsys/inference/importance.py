@@ -61,8 +61,9 @@ class ImportanceConfig:
 
     def __post_init__(self) -> None:
         for name in ("n_samples", "row_chunk", "chunk_entries", "n_imputations"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
         check_sampled_imputation(self.sampled_imputation)
 
 
@@ -293,8 +294,9 @@ def _all_missing(source: RowSource) -> tuple[np.ndarray, np.ndarray]:
 def _sample_counts(model: NotMIWAE, batch: RowBatch, config: ImportanceConfig, n_targets: int = 0):
     """Split K into sub-chunks, as many samples per sub-chunk as config.chunk_entries (or the batch's device's
     default) allows: their sizes."""
-    entries = config.chunk_entries or DEFAULT_CHUNK_ENTRIES.get(batch.obs_value.device.type,
-                                                               DEFAULT_CHUNK_ENTRIES["cpu"])
+    entries = config.chunk_entries
+    if entries is None:
+        entries = DEFAULT_CHUNK_ENTRIES[batch.obs_value.device.type]  # resolve_device gives 'cpu' or 'cuda'
     per_chunk = max(1, entries // model.entries_per_sample(batch, n_targets))
     for done in range(0, config.n_samples, per_chunk):
         yield min(per_chunk, config.n_samples - done)
