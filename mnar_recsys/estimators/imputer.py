@@ -71,6 +71,8 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
         what `transform` averages under the importance weights: 'decoder-mean' (the paper's code) or
         'draws' (the drawn x_m, consistent; see `importance.ImportanceConfig`).
 
+    `score(X)` is the mean log-likelihood estimate of the rows (higher is better).
+
     Attributes: model_ (the trained `NotMIWAE`), history_ (the training `History`), n_features_in_,
     mean_ and scale_ (the fitted standardisation), seed_ (the integer seed actually used).
     """
@@ -168,6 +170,20 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
                                                                       sampled_imputation=self.sampled_imputation))
         out[result.rows, result.cols] = result.mean * self.scale_[result.cols] + self.mean_[result.cols]
         return out
+
+    def score(self, X, y=None) -> float:
+        """Mean over rows of the importance-sampling estimate of log p(x_o, s) (log p(x_o) for the MIWAE), in
+        nats, with `importance_samples` samples per row; y is ignored. As `GaussianMixture.score`, higher is
+        better, and the density is that of X in its own units: it compares fits to the same data without the
+        truth, e.g. runs from different seeds."""
+        check_is_fitted(self)
+        X = self._validate(X, reset=False)
+        per_row = importance.log_likelihood(self.model_, (X - self.mean_) / self.scale_,
+                                            config=importance.ImportanceConfig(n_samples=self.importance_samples,
+                                                                               seed=self.seed_, device=self.device,
+                                                                               progress=self.progress))
+        # the change of variables from standardised units back to X's: each observed x_j was divided by scale_j
+        return float(per_row.mean() - (~np.isnan(X) * np.log(self.scale_)).sum(1).mean())
 
     def mask_accuracy(self, X_complete, mask) -> float:
         """Accuracy of the learnt missing model's predicted mask (1 = observed) on fully observed rows."""

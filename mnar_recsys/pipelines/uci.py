@@ -116,12 +116,16 @@ def run_one(dataset: str, model: str, complete: np.ndarray, mask: np.ndarray, ma
     start = time.perf_counter()
     imputed = imputer.fit(masked).transform(masked)
     seconds = time.perf_counter() - start
-    accuracy = None
-    if model in NEURAL_MODELS and NEURAL_MODELS[model][1] != "mcar":
-        accuracy = imputer.mask_accuracy(complete, mask)
+    accuracy = log_likelihood = None
+    if model in NEURAL_MODELS:
+        # the fit's own measure of itself, known without the truth: it compares runs of one model
+        log_likelihood = imputer.score(masked)
+        if NEURAL_MODELS[model][1] != "mcar":
+            accuracy = imputer.mask_accuracy(complete, mask)
     model_config = imputer.model_config(complete.shape[1]).to_dict() if model in NEURAL_MODELS else None
     return {"dataset": dataset, "model": model, "run": run, "seed": seed,
-            "rmse": imputation_rmse(complete, imputed, mask), "mask_accuracy": accuracy, "seconds": seconds,
+            "rmse": imputation_rmse(complete, imputed, mask), "mask_accuracy": accuracy,
+            "log_likelihood": log_likelihood, "seconds": seconds,
             "n_rows": complete.shape[0], "n_features": complete.shape[1], "missing_rate": float(1 - mask.mean()),
             "config": {"protocol": asdict(config), "estimator": imputer.get_params(), "model": model_config}}
 

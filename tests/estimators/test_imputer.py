@@ -73,6 +73,19 @@ def test_mask_accuracy_and_fitted_attributes(self_masked):
         miwae.mask_accuracy(X, mask)
 
 
+def test_score_is_the_log_likelihood_of_the_data_in_its_own_units(self_masked):
+    _, _, Xm = self_masked
+    base = NotMIWAEImputer(**SHORT).fit(Xm)
+    scale = np.array([10.0, 0.1, 1, 2, 50, 3])
+    moved = NotMIWAEImputer(**SHORT).fit(Xm * scale - 4)
+    # the same fit in other units: its density at each row changes by the Jacobian of the observed entries
+    jacobian = (~np.isnan(Xm) * np.log(scale)).sum(1).mean()
+    assert moved.score(Xm * scale - 4) == pytest.approx(base.score(Xm) - jacobian, abs=1e-3)
+    # training raises the log-likelihood of the rows it saw, by far more than the estimate's noise
+    barely = NotMIWAEImputer(**{**SHORT, "iterations": 1}).fit(Xm)
+    assert base.score(Xm) > barely.score(Xm) + 1
+
+
 def test_bad_input(self_masked):
     _, _, Xm = self_masked
     with pytest.raises(NotFittedError):

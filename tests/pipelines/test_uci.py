@@ -36,6 +36,7 @@ def test_breast_cli_writes_results(tmp_path, monkeypatch):
         assert r["dataset"] == "breast" and r["n_rows"] == 569 and r["n_features"] == 30
         assert 0 < r["rmse"] < 3 and r["seconds"] > 0 and r["seed"] == r["run"]
         assert (r["mask_accuracy"] is not None) == (r["model"] == "notmiwae-self-masking-known")
+        assert (r["log_likelihood"] is not None) == (r["model"] != "mean")
     assert records[0]["config"]["model"]["variance"] == "per_row"
     assert records[2]["config"]["model"]["decoder"] == "linear"
     assert abs(records[-1]["rmse"] - 1.82) < 0.01  # mean imputation matches the paper's 1.82 exactly
