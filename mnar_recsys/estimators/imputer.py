@@ -70,18 +70,23 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
     sampled_imputation: with x_m sampled (the agnostic model's 'auto' factor, or missing_factor='sampled'),
         what `transform` averages under the importance weights: 'decoder-mean' (the paper's code) or
         'draws' (the drawn x_m, consistent; see `importance.ImportanceConfig`).
+    n_init: fits from as many seeds, of which the one whose rows score highest (`score`) is kept, as
+        `GaussianMixture` keeps its best initialisation: the self-masking model of unknown sign can settle
+        with a feature's sign the wrong way round, and scores lower there. 1 (the paper's protocol) fits once.
 
     `score(X)` is the mean log-likelihood estimate of the rows (higher is better).
 
     Attributes: model_ (the trained `NotMIWAE`), history_ (the training `History`), n_features_in_,
-    mean_ and scale_ (the fitted standardisation), seed_ (the integer seed actually used).
+    mean_ and scale_ (the fitted standardisation), seed_ (the integer seed of the kept fit), init_scores_
+    (with n_init > 1, each fit's score in seed order, in standardised units).
     """
 
     def __init__(self, decoder: str = "gaussian", missing: str = "self-masking-known", missing_sign: int = -1,
                  latent_dim: int | None = None, hidden: int = 128, n_samples: int = 20, iterations: int = 100_000,
                  batch_size: int = 16, lr: float = 1e-3, importance_samples: int = 10_000,
                  missing_factor: str = "auto", standardize: bool = True, random_state: int | None = None,
-                 device: str = "auto", progress: bool = False, sampled_imputation: str = "decoder-mean"):
+                 device: str = "auto", progress: bool = False, sampled_imputation: str = "decoder-mean",
+                 n_init: int = 1):
         self.decoder = decoder
         self.missing = missing
         self.missing_sign = missing_sign
@@ -98,6 +103,7 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
         self.device = device
         self.progress = progress
         self.sampled_imputation = sampled_imputation
+        self.n_init = n_init
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -149,12 +155,29 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
             self.mean_, self.scale_ = np.nanmean(X, axis=0), np.where(sd > 0, sd, 1.0)
         else:
             self.mean_, self.scale_ = np.zeros(X.shape[1]), np.ones(X.shape[1])
-        self.seed_ = int(check_random_state(self.random_state).randint(2 ** 31 - 1))
-        train.seed = self.seed_
-        torch.manual_seed(self.seed_)  # initialisation; `fit` seeds its own sampling streams
-        self.model_ = build_model(config)
-        self.history_ = fit(self.model_, (X - self.mean_) / self.scale_, train)
+        if not (isinstance(self.n_init, numbers.Integral) and self.n_init >= 1):
+            raise ValueError(f"n_init must be a positive integer, got {self.n_init!r}")
+        standardized = (X - self.mean_) / self.scale_
+        rng = check_random_state(self.random_state)
+        fits = []
+        for _ in range(self.n_init):
+            seed = int(rng.randint(2 ** 31 - 1))
+            train.seed = seed
+            torch.manual_seed(seed)  # initialisation; `fit` seeds its own sampling streams
+            model = build_model(config)
+            fits.append((model, fit(model, standardized, train), seed))
+        best = 0
+        if self.n_init > 1:
+            self.init_scores_ = [self._mean_log_likelihood(model, seed, standardized) for model, _, seed in fits]
+            best = int(np.argmax(self.init_scores_))
+        self.model_, self.history_, self.seed_ = fits[best]
         return self
+
+    def _mean_log_likelihood(self, model, seed: int, standardized: np.ndarray) -> float:
+        """Mean over the rows of log p(x_o, s) under `model`, in standardised units."""
+        config = importance.ImportanceConfig(n_samples=self.importance_samples, seed=seed, device=self.device,
+                                             progress=self.progress)
+        return float(importance.log_likelihood(model, standardized, config=config).mean())
 
     def transform(self, X) -> np.ndarray:
         """X with every NaN replaced by its importance-sampling conditional mean (observed values kept)."""
@@ -178,12 +201,9 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
         truth, e.g. runs from different seeds."""
         check_is_fitted(self)
         X = self._validate(X, reset=False)
-        per_row = importance.log_likelihood(self.model_, (X - self.mean_) / self.scale_,
-                                            config=importance.ImportanceConfig(n_samples=self.importance_samples,
-                                                                               seed=self.seed_, device=self.device,
-                                                                               progress=self.progress))
+        standardized = self._mean_log_likelihood(self.model_, self.seed_, (X - self.mean_) / self.scale_)
         # the change of variables from standardised units back to X's: each observed x_j was divided by scale_j
-        return float(per_row.mean() - (~np.isnan(X) * np.log(self.scale_)).sum(1).mean())
+        return standardized - float((~np.isnan(X) * np.log(self.scale_)).sum(1).mean())
 
     def mask_accuracy(self, X_complete, mask) -> float:
         """Accuracy of the learnt missing model's predicted mask (1 = observed) on fully observed rows."""

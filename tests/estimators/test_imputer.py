@@ -86,6 +86,22 @@ def test_score_is_the_log_likelihood_of_the_data_in_its_own_units(self_masked):
     assert base.score(Xm) > barely.score(Xm) + 1
 
 
+def test_n_init_keeps_the_fit_whose_rows_score_highest(self_masked):
+    _, _, Xm = self_masked
+    params = {**SHORT, "iterations": 60, "missing": "self-masking", "standardize": False}
+    several = NotMIWAEImputer(**params, n_init=3).fit(Xm)
+    rng = np.random.RandomState(params["random_state"])
+    seeds = [rng.randint(2 ** 31 - 1) for _ in range(3)]
+    assert len(set(several.init_scores_)) == 3
+    assert several.seed_ == seeds[int(np.argmax(several.init_scores_))]
+    assert several.score(Xm) == pytest.approx(max(several.init_scores_))
+    # one fit is the first of them, unscored
+    single = NotMIWAEImputer(**params).fit(Xm)
+    assert single.seed_ == seeds[0] and not hasattr(single, "init_scores_")
+    with pytest.raises(ValueError, match="n_init must be a positive integer, got 0"):
+        NotMIWAEImputer(**params, n_init=0).fit(Xm)
+
+
 def test_bad_input(self_masked):
     _, _, Xm = self_masked
     with pytest.raises(NotFittedError):
