@@ -78,7 +78,7 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
 
     Attributes: model_ (the trained `NotMIWAE`), history_ (the training `History`), n_features_in_,
     mean_ and scale_ (the fitted standardisation), seed_ (the integer seed of the kept fit), init_scores_
-    (with n_init > 1, each fit's score in seed order, in standardised units).
+    (each fit's score in seed order, in standardised units; None with n_init = 1, which scores nothing).
     """
 
     def __init__(self, decoder: str = "gaussian", missing: str = "self-masking-known", missing_sign: int = -1,
@@ -148,6 +148,8 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
                              "(drop it before imputing)")
         config = self.model_config(X.shape[1])
         importance.check_sampled_imputation(self.sampled_imputation)  # here, not after training
+        if not (isinstance(self.n_init, numbers.Integral) and self.n_init >= 1):
+            raise ValueError(f"n_init must be a positive integer, got {self.n_init!r}")
         train = TrainConfig(iterations=self.iterations, batch_size=self.batch_size, n_samples=self.n_samples,
                             lr=self.lr, device=self.device, progress=self.progress)
         if self.standardize:
@@ -155,8 +157,6 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
             self.mean_, self.scale_ = np.nanmean(X, axis=0), np.where(sd > 0, sd, 1.0)
         else:
             self.mean_, self.scale_ = np.zeros(X.shape[1]), np.ones(X.shape[1])
-        if not (isinstance(self.n_init, numbers.Integral) and self.n_init >= 1):
-            raise ValueError(f"n_init must be a positive integer, got {self.n_init!r}")
         standardized = (X - self.mean_) / self.scale_
         rng = check_random_state(self.random_state)
         fits = []
@@ -166,7 +166,7 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
             torch.manual_seed(seed)  # initialisation; `fit` seeds its own sampling streams
             model = build_model(config)
             fits.append((model, fit(model, standardized, train), seed))
-        best = 0
+        best, self.init_scores_ = 0, None
         if self.n_init > 1:
             self.init_scores_ = [self._mean_log_likelihood(model, seed, standardized) for model, _, seed in fits]
             best = int(np.argmax(self.init_scores_))
