@@ -5,7 +5,7 @@ there are), which leaves one results.json per run. This merges them: every recor
 it came from, runs of one (data set, model, seed) may appear once only, and every file must share one
 protocol (iterations, batch size, K, importance samples, offset), since a table mixing them would
 compare unlike things. Agnostic models imputed from the drawn x_m (`--sampled-imputation draws`) get a
-row of their own.
+row of their own, and so do neural models that kept the best of several fits (`--n-init N`, N > 1).
 """
 
 from __future__ import annotations
@@ -41,11 +41,13 @@ def results_files(paths: list[Path]) -> list[Path]:
 
 
 def _row(record: dict[str, Any], protocol: dict[str, Any]) -> str:
-    """The table row of a record: its model, marked when its sampled x_m were imputed from the draws."""
+    """The table row of a record: its model, marked when its sampled x_m were imputed from the draws and
+    when it is the best of several fits (the baselines, which have no model config, are neither)."""
     model_config = (record.get("config") or {}).get("model") or {}
     drawn = protocol.get("sampled_imputation", "decoder-mean") == "draws" \
         and model_config.get("missing_factor") == "sampled"
-    return record["model"] + (DRAWN if drawn else "")
+    n_init = protocol.get("n_init", 1) if model_config else 1
+    return record["model"] + (DRAWN if drawn else "") + (f" (best of {n_init})" if n_init > 1 else "")
 
 
 def merge(files: list[Path]) -> dict[str, Any]:
