@@ -118,10 +118,10 @@ def run_one(dataset: str, model: str, complete: np.ndarray, mask: np.ndarray, ma
     start = time.perf_counter()
     imputed = imputer.fit(masked).transform(masked)
     seconds = time.perf_counter() - start
-    accuracy = log_likelihood = None
+    accuracy = log_likelihood = scores = None
     if model in NEURAL_MODELS:
         # the fit's own measure of itself, known without the truth: it compares runs of one model. With
-        # n_init > 1 the kept fit was scored already, on these rows in these units (standardize=False)
+        # n_init > 1 every fit was scored already, on these rows in these units (standardize=False)
         scores = imputer.init_scores_
         log_likelihood = imputer.score(masked) if scores is None else max(scores)
         if NEURAL_MODELS[model][1] != "mcar":
@@ -129,7 +129,7 @@ def run_one(dataset: str, model: str, complete: np.ndarray, mask: np.ndarray, ma
     model_config = imputer.model_config(complete.shape[1]).to_dict() if model in NEURAL_MODELS else None
     return {"dataset": dataset, "model": model, "run": run, "seed": seed,
             "rmse": imputation_rmse(complete, imputed, mask), "mask_accuracy": accuracy,
-            "log_likelihood": log_likelihood, "seconds": seconds,
+            "log_likelihood": log_likelihood, "init_scores": scores, "seconds": seconds,
             "n_rows": complete.shape[0], "n_features": complete.shape[1], "missing_rate": float(1 - mask.mean()),
             "config": {"protocol": asdict(config), "estimator": imputer.get_params(), "model": model_config}}
 

@@ -36,7 +36,7 @@ def test_breast_cli_writes_results(tmp_path, monkeypatch):
         assert r["dataset"] == "breast" and r["n_rows"] == 569 and r["n_features"] == 30
         assert 0 < r["rmse"] < 3 and r["seconds"] > 0 and r["seed"] == r["run"]
         assert (r["mask_accuracy"] is not None) == (r["model"] == "notmiwae-self-masking-known")
-        assert (r["log_likelihood"] is not None) == (r["model"] != "mean")
+        assert (r["log_likelihood"] is not None) == (r["model"] != "mean") and r["init_scores"] is None  # one fit
     assert records[0]["config"]["model"]["variance"] == "per_row"
     assert records[2]["config"]["model"]["decoder"] == "linear"
     assert abs(records[-1]["rmse"] - 1.82) < 0.01  # mean imputation matches the paper's 1.82 exactly
@@ -56,6 +56,7 @@ def test_n_init_runs_keep_the_kept_fits_score(tmp_path, monkeypatch):
                            record["seed"])
     complete, mask, masked = masked_dataset(load_uci("breast"), 0.0)
     imputer.fit(masked)
+    assert record["init_scores"] == pytest.approx(imputer.init_scores_) and len(record["init_scores"]) == 2
     assert record["log_likelihood"] == pytest.approx(max(imputer.init_scores_))
     assert record["log_likelihood"] == pytest.approx(imputer.score(masked))
 
