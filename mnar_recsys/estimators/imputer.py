@@ -201,9 +201,9 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
         truth, e.g. runs from different seeds."""
         check_is_fitted(self)
         X = self._validate(X, reset=False)
-        standardized = self._mean_log_likelihood(self.model_, self.seed_, (X - self.mean_) / self.scale_)
+        in_standard_units = self._mean_log_likelihood(self.model_, self.seed_, (X - self.mean_) / self.scale_)
         # the change of variables from standardised units back to X's: each observed x_j was divided by scale_j
-        return standardized - float((~np.isnan(X) * np.log(self.scale_)).sum(1).mean())
+        return in_standard_units - float((~np.isnan(X) * np.log(self.scale_)).sum(1).mean())
 
     def mask_accuracy(self, X_complete, mask) -> float:
         """Accuracy of the learnt missing model's predicted mask (1 = observed) on fully observed rows."""
