@@ -26,7 +26,7 @@ from mnar_recsys.evaluation.reports import atomic_directory
 
 from .rows import RowBatch, RowSource, _check_csr, batch_from_csr
 from .triples import Triples, _integer_ids, _parse_ids, _parse_ratings, _show, _text_ids, check_rating_scale, \
-    file_layout, split_lines
+    file_layout, no_ratings_error, split_lines
 
 FORMAT = "mnar-recsys-csr"
 VERSION = 1
@@ -137,6 +137,8 @@ def convert_triples(path: str | Path, directory: str | Path, *, sep: str | None 
             users.add(raw, raw.users)
             items.add(raw, raw.items)
             _ratings(raw, rating_scale)
+        if not users.counts.any():
+            raise no_ratings_error(str(path), "line")
         user_ids, item_ids = users.finish(), items.finish()
         _check_column_count(len(item_ids), str(path))
         indptr = np.concatenate(([0], np.cumsum(users.id_counts))).astype(np.int64)

@@ -57,10 +57,13 @@ def read_triples(
     with no numeric field as a header. Blank lines are skipped; quoting is not supported.
     DataFrames: columns named user/item/rating, else exactly three columns in that order; errors
     name ``label`` and the 1-based row. ``integer_ids`` makes non-integer ids an error.
-    Raises ValueError (naming source and line) on a wrong column count, a non-integer or off-scale
-    rating, a missing or (with ``integer_ids``) non-integer id, or a repeated (user, item) pair.
+    Raises ValueError (naming source and line) on a source with no ratings, a wrong column count, a
+    non-integer or off-scale rating, a missing or (with ``integer_ids``) non-integer id, or a repeated
+    (user, item) pair.
     """
     raw = _frame_triples(source, label) if isinstance(source, pd.DataFrame) else _file_triples(Path(source), sep, header)
+    if not len(raw.ratings):
+        raise no_ratings_error(raw.source, raw.unit)
     users = _parse_ids(raw, raw.users, "user", integer_ids)
     items = _parse_ids(raw, raw.items, "item", integer_ids)
     ratings = _parse_ratings(raw, rating_scale)
@@ -99,6 +102,11 @@ def load_triples(
         item_ids=item_ids,
         meta={"train_source": tr.source, "test_source": te.source},
     )
+
+
+def no_ratings_error(source: str, unit: str) -> ValueError:
+    """A source with a header and nothing else (or a DataFrame with no rows) would make an empty matrix."""
+    return ValueError(f"{source}: no ratings found (no data {unit}s)")
 
 
 def check_rating_scale(rating_scale: tuple[int, int]) -> None:

@@ -109,6 +109,7 @@ def test_converter_ids_as_the_loader_makes_them(tmp_path, text):
     ("a,x,1\n,x,2\n", r"r\.csv, line 2: user id is missing"),
     ("a,x,1\nb,x,2\nb,y,3\nc,x,1\na,x,4\nb,y,5\n", r"r\.csv, line 5: duplicate \(user, item\) pair \('a', 'x'\); "
                                                     r"first given on line 1"),
+    ("user,item,rating\n\n", r"r\.csv: no ratings found \(no data lines\)"),
 ])
 def test_converter_names_the_bad_line_and_leaves_no_folder(tmp_path, text, message):
     source = write(tmp_path / "r.csv", text)

@@ -131,3 +131,12 @@ def test_empty_file(tmp_path):
     empty = write(tmp_path / "train.csv", "\n\n")
     with pytest.raises(ValueError, match=r"train\.csv: no ratings found"):
         load_triples(empty, empty)
+
+
+def test_header_alone_or_no_rows_is_no_ratings(tmp_path):
+    header_only = write(tmp_path / "train.csv", "user,item,rating\n")
+    with pytest.raises(ValueError, match=r"train\.csv: no ratings found \(no data lines\)"):
+        load_triples(header_only, header_only)
+    frame = pd.DataFrame({"user": [], "item": [], "rating": []})
+    with pytest.raises(ValueError, match=r"train DataFrame: no ratings found \(no data rows\)"):
+        load_triples(frame, frame)
