@@ -159,18 +159,22 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
             self.mean_, self.scale_ = np.zeros(X.shape[1]), np.ones(X.shape[1])
         standardized = (X - self.mean_) / self.scale_
         rng = check_random_state(self.random_state)
-        fits = []
-        for _ in range(self.n_init):
+        self.init_scores_ = None if self.n_init == 1 else []
+        best_score = -np.inf
+        for i in range(self.n_init):
             seed = int(rng.randint(2 ** 31 - 1))
             train.seed = seed
             torch.manual_seed(seed)  # initialisation; `fit` seeds its own sampling streams
             model = build_model(config)
-            fits.append((model, fit(model, standardized, train), seed))
-        best, self.init_scores_ = 0, None
-        if self.n_init > 1:
-            self.init_scores_ = [self._mean_log_likelihood(model, seed, standardized) for model, _, seed in fits]
-            best = int(np.argmax(self.init_scores_))
-        self.model_, self.history_, self.seed_ = fits[best]
+            history = fit(model, standardized, train)
+            score = -np.inf
+            if self.init_scores_ is not None:
+                score = self._mean_log_likelihood(model, seed, standardized)
+                self.init_scores_.append(score)
+            # only the best fit so far is held; a NaN score never displaces a fit, nor is kept past the first
+            if i == 0 or score > best_score:
+                self.model_, self.history_, self.seed_ = model, history, seed
+            best_score = max(best_score, score)
         return self
 
     def _mean_log_likelihood(self, model, seed: int, standardized: np.ndarray) -> float:

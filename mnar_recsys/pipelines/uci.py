@@ -121,9 +121,10 @@ def run_one(dataset: str, model: str, complete: np.ndarray, mask: np.ndarray, ma
     accuracy = log_likelihood = scores = None
     if model in NEURAL_MODELS:
         # the fit's own measure of itself, known without the truth: it compares runs of one model. With
-        # n_init > 1 every fit was scored already, on these rows in these units (standardize=False)
+        # n_init > 1 every fit was scored already, on these rows in these units (standardize=False), and the
+        # kept one scored highest (fmax: a NaN score is never kept over a number)
         scores = imputer.init_scores_
-        log_likelihood = imputer.score(masked) if scores is None else max(scores)
+        log_likelihood = imputer.score(masked) if scores is None else float(np.fmax.reduce(scores))
         if NEURAL_MODELS[model][1] != "mcar":
             accuracy = imputer.mask_accuracy(complete, mask)
     model_config = imputer.model_config(complete.shape[1]).to_dict() if model in NEURAL_MODELS else None

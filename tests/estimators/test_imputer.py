@@ -102,6 +102,18 @@ def test_n_init_keeps_the_fit_whose_rows_score_highest(self_masked):
         NotMIWAEImputer(**params, n_init=0).fit(Xm)
 
 
+@pytest.mark.parametrize("scores, kept", [([np.nan, 1.0, np.nan], 1), ([np.nan, np.nan], 0), ([2.0, 3.0, 3.0], 1)])
+def test_n_init_never_keeps_a_nan_score_over_a_number(self_masked, monkeypatch, scores, kept):
+    _, _, Xm = self_masked
+    given = iter(scores)
+    monkeypatch.setattr(NotMIWAEImputer, "_mean_log_likelihood", lambda self, model, seed, X: next(given))
+    imputer = NotMIWAEImputer(**{**TINY, "n_init": len(scores)}).fit(Xm)
+    rng = np.random.RandomState(TINY["random_state"])
+    seeds = [rng.randint(2 ** 31 - 1) for _ in scores]
+    assert imputer.seed_ == seeds[kept]  # ties keep the first of them, as np.argmax does
+    np.testing.assert_array_equal(imputer.init_scores_, scores)
+
+
 def test_bad_input(self_masked):
     _, _, Xm = self_masked
     with pytest.raises(NotFittedError):
