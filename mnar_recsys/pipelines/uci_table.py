@@ -59,9 +59,13 @@ def merge(files: list[Path]) -> dict[str, Any]:
     for path in files:
         try:
             payload = json.loads(path.read_text())
-            file_protocol, file_records = payload["protocol"], payload["records"]
-        except (json.JSONDecodeError, KeyError, TypeError) as error:
-            raise ValueError(f"{path}: not a results.json written by `mnar-recsys uci` ({error})") from None
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}: not a results.json written by `mnar-recsys uci` (not JSON: {error})") from None
+        if not (isinstance(payload, dict) and isinstance(payload.get("protocol"), dict)
+                and isinstance(payload.get("records"), list)):
+            raise ValueError(f"{path}: not a results.json written by `mnar-recsys uci` (expected an object with a "
+                             "'protocol' object and a 'records' list)")
+        file_protocol, file_records = payload["protocol"], payload["records"]
         shared = {key: file_protocol.get(key) for key in SHARED_PROTOCOL}
         if protocol is None:
             protocol, first = shared, path

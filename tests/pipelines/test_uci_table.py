@@ -88,7 +88,11 @@ def test_files_that_cannot_be_merged_are_refused(runs, tmp_path, capsys):
 
     copy.write_text(json.dumps({"records": []}))
     assert main(["uci-table", str(copy), "--out", str(tmp_path / "t3")]) == 2
-    assert f"{copy}: not a results.json written by `mnar-recsys uci`" in capsys.readouterr().err
+    assert (f"{copy}: not a results.json written by `mnar-recsys uci` (expected an object with a 'protocol' "
+            "object and a 'records' list)") in capsys.readouterr().err
+    copy.write_text("{")
+    assert main(["uci-table", str(copy), "--out", str(tmp_path / "t3")]) == 2
+    assert f"{copy}: not a results.json written by `mnar-recsys uci` (not JSON: " in capsys.readouterr().err
 
     assert main(["uci-table", str(tmp_path / "nowhere"), "--out", str(tmp_path / "t4")]) == 2
     assert "nowhere: no such file or folder" in capsys.readouterr().err
