@@ -3,17 +3,29 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict
-from typing import TypeVar
+from dataclasses import asdict, field, fields
+from typing import Any, TypeVar
 
 Config = TypeVar("Config")
 
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def option(default: Any, help: str, choices: tuple[Any, ...] | None = None) -> Any:
+    """A config field with the help (and the choices, if any) of its command-line option."""
+    return field(default=default, metadata={"help": help, "choices": choices})
+
 
 def add_config_options(parser: argparse.ArgumentParser, config_type: type) -> None:
-    """One option per field (`--field-name`), typed and defaulted from the dataclass's defaults."""
-    for field, value in asdict(config_type()).items():
-        parser.add_argument(f"--{field.replace('_', '-')}", type=type(value), default=value)
+    """One option per field (`--field-name`), typed and defaulted from the dataclass's defaults, with the
+    help and choices given by `option`."""
+    for spec in fields(config_type):
+        default = spec.default
+        help_text = spec.metadata.get("help")
+        parser.add_argument(f"--{spec.name.replace('_', '-')}", type=type(default), default=default,
+                            choices=spec.metadata.get("choices"),
+                            help=f"{help_text} (default: {default})" if help_text else f"default: {default}")
 
 
 def config_from_options(args: argparse.Namespace, config_type: type[Config]) -> Config:
-    return config_type(**{field: getattr(args, field) for field in asdict(config_type())})
+    return config_type(**{name: getattr(args, name) for name in asdict(config_type())})

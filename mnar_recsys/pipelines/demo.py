@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from mnar_recsys.pipelines.arguments import add_config_options, config_from_options
+from mnar_recsys.pipelines.arguments import add_config_options, config_from_options, option
 from mnar_recsys.data.amputation import apply_mask, paper_self_masking, standardize
 from mnar_recsys.estimators.imputer import NotMIWAEImputer
 from mnar_recsys.inference.importance import ImportanceConfig, impute
@@ -23,14 +23,14 @@ from mnar_recsys.training.trainer import TrainConfig, fit
 
 @dataclass
 class DemoConfig:
-    n_rows: int = 2000
-    n_features: int = 10
-    rank: int = 3
-    noise: float = 0.3
-    iterations: int = 3000
-    n_samples: int = 20
-    importance_samples: int = 1000
-    seed: int = 0
+    n_rows: int = option(2000, "rows of synthetic data")
+    n_features: int = option(10, "features; the first half are self-masked")
+    rank: int = option(3, "rank of the Gaussian model the rows are drawn from")
+    noise: float = option(0.3, "sd of the noise added to the low-rank rows")
+    iterations: int = option(3000, "training steps of each model")
+    n_samples: int = option(20, "K, importance samples of the training bound")
+    importance_samples: int = option(1000, "importance samples per row for the imputation")
+    seed: int = option(0, "seed of the data, initialisation, training and imputation")
 
 
 def low_rank_self_masked(config: DemoConfig) -> tuple[np.ndarray, np.ndarray]:

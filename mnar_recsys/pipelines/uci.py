@@ -17,14 +17,14 @@ from typing import Any
 import numpy as np
 
 from baselines.dense_imputers import DENSE_IMPUTERS, make_dense_imputer
-from mnar_recsys.pipelines.arguments import add_config_options, config_from_options
+from mnar_recsys.pipelines.arguments import DEVICES, add_config_options, config_from_options, option
 from mnar_recsys.data.amputation import apply_mask, paper_self_masking, standardize
 from mnar_recsys.data.uci import UCI_DATASETS, UCI_NAMES, load_uci, paper_dataset
 from mnar_recsys.estimators.imputer import NotMIWAEImputer
 from mnar_recsys.evaluation import plots
 from mnar_recsys.evaluation.metrics import imputation_rmse
 from mnar_recsys.evaluation.reports import markdown_table, provenance, summarise, write_atomic, write_json
-from mnar_recsys.inference.importance import check_sampled_imputation
+from mnar_recsys.inference.importance import SAMPLED_IMPUTATIONS, check_sampled_imputation
 from mnar_recsys.pipelines.workers import run_tasks
 
 #: (decoder, missing model) of each neural model, named as in the paper's table 1
@@ -60,21 +60,22 @@ PAPER_RMSE: dict[str, tuple[float, ...]] = {
 
 @dataclass
 class UCIConfig:
-    """The paper's protocol by default: 100k iterations of 16 rows, K = 20, 10k importance samples, 5 runs.
-    sampled_imputation: what the agnostic models (x_m sampled) average under their importance weights,
-    'decoder-mean' (the paper's code) or 'draws' (see `importance.ImportanceConfig`); n_init: fits per neural
-    run, the best by its log-likelihood kept (see `NotMIWAEImputer`; 1, the paper's protocol, fits once)."""
+    """The paper's protocol by default (every default is the paper's): 100k iterations of 16 rows, K = 20,
+    10k importance samples, 5 runs."""
 
-    iterations: int = 100_000
-    batch_size: int = 16
-    n_samples: int = 20
-    importance_samples: int = 10_000
-    runs: int = 5
-    offset: float = 0.0
-    seed: int = 0
-    device: str = "auto"
-    sampled_imputation: str = "decoder-mean"
-    n_init: int = 1
+    iterations: int = option(100_000, "training steps of each neural model")
+    batch_size: int = option(16, "rows per training step")
+    n_samples: int = option(20, "K, importance samples of the training bound")
+    importance_samples: int = option(10_000, "importance samples per row for the imputation")
+    runs: int = option(5, "runs per (data set, model); run r is seeded seed + r")
+    offset: float = option(0.0, "in the first half of the features, values above mean + offset sd go missing")
+    seed: int = option(0, "seed of the first run")
+    device: str = option("auto", "auto (CUDA when torch sees a GPU), cpu or cuda", DEVICES)
+    sampled_imputation: str = option(
+        "decoder-mean", "what the agnostic models (x_m sampled) average under their importance weights: "
+        "decoder-mean (the paper's code) or draws (the drawn x_m, consistent)", SAMPLED_IMPUTATIONS)
+    n_init: int = option(1, "fits per neural run, the one whose rows score highest kept (1: the paper's "
+                            "protocol)")
 
     def __post_init__(self) -> None:
         check_sampled_imputation(self.sampled_imputation)
@@ -230,7 +231,8 @@ def run_uci(datasets: list[str], models: list[str], config: UCIConfig, out: Path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("uci", help="the paper's UCI self-masking experiment (table 1)")
+    parser = subparsers.add_parser("uci", help="the paper's UCI self-masking experiment (table 1)",
+                                   description="The paper's UCI experiment; every default is the paper's protocol.")
     parser.add_argument("--dataset", choices=(*UCI_NAMES, "all"), default="all",
                         help="a data set of the paper's table, a variant of one (yeast-no-erl: see "
                              "mnar_recsys/data/uci.py), or all six (default)")
@@ -239,7 +241,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--data-dir", default=None,
                         help="folder with the UCI files (default: $MNAR_RECSYS_UCI_DIR; Breast falls back to "
                              "scikit-learn's copy)")
-    parser.add_argument("--out", type=Path, default=Path("results/uci"))
+    parser.add_argument("--out", type=Path, default=Path("results/uci"), help="output folder (default results/uci)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="worker processes, one thread each, that share the runs out (default 1: all here)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")

@@ -117,7 +117,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("uci-table", help="merge the results.json of many `uci` runs into one table")
     parser.add_argument("results", nargs="+", type=Path,
                         help="results.json files, or folders searched for them")
-    parser.add_argument("--out", type=Path, default=Path("results/uci_table"))
+    parser.add_argument("--out", type=Path, default=Path("results/uci_table"),
+                        help="output folder (default results/uci_table)")
     parser.set_defaults(run=_run)
 
 

@@ -175,5 +175,7 @@ def test_sampled_imputation_reaches_the_agnostic_imputer(tmp_path, monkeypatch, 
         assert record["config"]["estimator"]["sampled_imputation"] == estimate
         rmse[estimate] = record["rmse"]
     assert rmse["draws"] != rmse["decoder-mean"]
-    assert main([*base, "--sampled-imputation", "tilted", "--out", str(tmp_path / "bad")]) == 2
-    assert "sampled_imputation must be one of" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*base, "--sampled-imputation", "tilted", "--out", str(tmp_path / "bad")])
+    assert "argument --sampled-imputation: invalid choice: 'tilted'" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
