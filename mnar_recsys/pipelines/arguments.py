@@ -27,5 +27,14 @@ def add_config_options(parser: argparse.ArgumentParser, config_type: type) -> No
                             help=f"{help_text} (default: {default})" if help_text else f"default: {default}")
 
 
+def check_counts(config: object, least: dict[str, int]) -> None:
+    """Refuse a count below its least value as the config is made, before any data is read or any model
+    trained, naming its command-line option."""
+    for name, bound in least.items():
+        value = getattr(config, name)
+        if value < bound:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least {bound}, got {value}")
+
+
 def config_from_options(args: argparse.Namespace, config_type: type[Config]) -> Config:
     return config_type(**{name: getattr(args, name) for name in asdict(config_type())})

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from mnar_recsys.pipelines.arguments import add_config_options, config_from_options, option
+from mnar_recsys.pipelines.arguments import add_config_options, check_counts, config_from_options, option
 from mnar_recsys.data.amputation import apply_mask, paper_self_masking, standardize
 from mnar_recsys.estimators.imputer import NotMIWAEImputer
 from mnar_recsys.inference.importance import ImportanceConfig, impute
@@ -31,6 +31,10 @@ class DemoConfig:
     n_samples: int = option(20, "K, importance samples of the training bound")
     importance_samples: int = option(1000, "importance samples per row for the imputation")
     seed: int = option(0, "seed of the data, initialisation, training and imputation")
+
+    def __post_init__(self) -> None:
+        check_counts(self, {**dict.fromkeys(("n_rows", "rank", "iterations", "n_samples", "importance_samples"), 1),
+                            "n_features": 2})
 
 
 def low_rank_self_masked(config: DemoConfig) -> tuple[np.ndarray, np.ndarray]:

@@ -21,7 +21,7 @@ import torch
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
-from mnar_recsys.pipelines.arguments import DEVICES, add_config_options, config_from_options, option
+from mnar_recsys.pipelines.arguments import DEVICES, add_config_options, check_counts, config_from_options, option
 from mnar_recsys.data.amputation import apply_mask
 from mnar_recsys.data.svhn import B, W, clipping_mask, digits_stand_in, load_svhn
 from mnar_recsys.evaluation.metrics import imputation_rmse
@@ -55,6 +55,10 @@ class SVHNConfig:
                                               "mirrors them")
     seed: int = option(0, "seed of initialisation, training and imputation")
     device: str = option("auto", "auto (CUDA when torch sees a GPU), cpu or cuda", DEVICES)
+
+    def __post_init__(self) -> None:
+        check_counts(self, {**dict.fromkeys(("iterations", "refit_iterations", "batch_size", "n_samples",
+                                             "importance_samples", "ll_samples"), 1), "n_train": 0, "n_test": 0})
 
     def channels(self) -> tuple[int, ...]:
         try:

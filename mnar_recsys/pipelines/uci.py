@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from baselines.dense_imputers import DENSE_IMPUTERS, make_dense_imputer
-from mnar_recsys.pipelines.arguments import DEVICES, add_config_options, config_from_options, option
+from mnar_recsys.pipelines.arguments import DEVICES, add_config_options, check_counts, config_from_options, option
 from mnar_recsys.data.amputation import apply_mask, paper_self_masking, standardize
 from mnar_recsys.data.uci import UCI_DATASETS, UCI_NAMES, load_uci, paper_dataset
 from mnar_recsys.estimators.imputer import NotMIWAEImputer
@@ -78,6 +78,8 @@ class UCIConfig:
                             "protocol)")
 
     def __post_init__(self) -> None:
+        check_counts(self, dict.fromkeys(("iterations", "batch_size", "n_samples", "importance_samples", "runs",
+                                          "n_init"), 1))
         check_sampled_imputation(self.sampled_imputation)
 
 
@@ -209,8 +211,6 @@ def run_uci(datasets: list[str], models: list[str], config: UCIConfig, out: Path
     unknown = sorted(set(models) - set(MODELS))
     if unknown:
         raise ValueError(f"unknown model(s) {unknown}; choose from {', '.join(MODELS)}")
-    if config.runs < 1:
-        raise ValueError(f"runs must be at least 1, got {config.runs}")
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
     data = {name: masked_dataset(load_uci(name, data_dir), config.offset) for name in datasets}  # fail early

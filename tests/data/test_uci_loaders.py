@@ -47,8 +47,13 @@ def test_breast_file_equals_sklearn():
     np.testing.assert_array_equal(load_uci("breast", UCI_DIR), load_uci("breast"))
 
 
-def test_breast_embedded_without_files(monkeypatch):
-    monkeypatch.delenv("MNAR_RECSYS_UCI_DIR", raising=False)
+@pytest.mark.parametrize("unset", [None, ""])
+def test_breast_embedded_without_files(monkeypatch, unset):
+    """An empty $MNAR_RECSYS_UCI_DIR (`MNAR_RECSYS_UCI_DIR= cmd`) is read as unset, not as the current folder."""
+    if unset is None:
+        monkeypatch.delenv("MNAR_RECSYS_UCI_DIR", raising=False)
+    else:
+        monkeypatch.setenv("MNAR_RECSYS_UCI_DIR", unset)
     assert load_uci("Breast").shape == (569, 30)
 
 

@@ -35,3 +35,11 @@ def test_cli_prints_the_three_rmses(capsys, torch_threads):
     lines = [line for line in out.splitlines() if line.startswith("  ")]
     assert [line.split()[0] for line in lines] == ["mean", "MIWAE", "not-MIWAE"]
     assert all(0 < float(line.split()[-1]) < 5 for line in lines)
+
+
+def test_cli_refuses_sizes_that_leave_nothing_to_do(capsys):
+    """One feature leaves no first half to self-mask; no rows, nothing to fit."""
+    assert main(["demo", "--n-features", "1"]) == 2
+    assert "--n-features must be at least 2, got 1" in capsys.readouterr().err
+    assert main(["demo", "--n-rows", "0"]) == 2
+    assert "--n-rows must be at least 1, got 0" in capsys.readouterr().err

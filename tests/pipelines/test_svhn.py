@@ -53,6 +53,11 @@ def test_bad_inputs(tmp_path, capsys):
     assert "needs --data-dir" in capsys.readouterr().err
     assert main(["svhn", "--conv-channels", "8,x", "--iterations", "1", "--out", str(tmp_path / "out")]) == 2
     assert "comma-separated integers" in capsys.readouterr().err
+    # refused as the config is made, before the (missing) files are looked for
+    assert main(["svhn", "--data-dir", str(tmp_path / "none"), "--ll-samples", "0", "--out", str(tmp_path / "out")]) == 2
+    assert "--ll-samples must be at least 1, got 0" in capsys.readouterr().err
+    assert main(["svhn", "--n-test", "-1", "--out", str(tmp_path / "out")]) == 2
+    assert "--n-test must be at least 0, got -1" in capsys.readouterr().err
 
 
 def test_cli_runs_on_mat_files_in_the_real_format(tmp_path, capsys):

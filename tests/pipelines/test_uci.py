@@ -104,6 +104,15 @@ def test_jobs_below_one_are_an_error(tmp_path, capsys):
     assert "jobs must be at least 1" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("option", ["--iterations", "--batch-size", "--n-samples", "--importance-samples", "--runs",
+                                    "--n-init"])
+def test_counts_below_one_are_refused_before_any_data_is_read(tmp_path, capsys, option):
+    """An --importance-samples 0 would otherwise surface only at imputation, after hours of training."""
+    empty = tmp_path / "no_files_here"
+    assert main(["uci", "--dataset", "yeast", "--data-dir", str(empty), option, "0", "--out", str(tmp_path)]) == 2
+    assert f"{option} must be at least 1, got 0" in capsys.readouterr().err
+
+
 def test_unknown_dataset_files_are_an_error(tmp_path, capsys):
     assert main(["uci", "--dataset", "yeast", "--data-dir", str(tmp_path), "--out", str(tmp_path)]) == 2
     assert expected_file("yeast") in capsys.readouterr().err
