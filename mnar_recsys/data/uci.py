@@ -176,9 +176,10 @@ def load_uci(name: str, data_dir: str | Path | None = None, *, verify: bool = Tr
     """Load UCI data set ``name`` (one of ``UCI_NAMES``, case-insensitive) as float64 rows x features.
 
     ``data_dir`` is the folder holding the archive's files (see the data card ``datasets/uci/README.md``);
-    when None, ``$MNAR_RECSYS_UCI_DIR`` is used (empty counts as unset), and failing that Breast falls back to scikit-learn's
-    embedded copy while the others raise FileNotFoundError. With ``verify`` (default) the file's SHA-256
-    must match the published sum, else ValueError; ``verify=False`` skips the check (for edited files).
+    when None, ``$MNAR_RECSYS_UCI_DIR`` is used (empty counts as unset), and failing that Breast falls back
+    to scikit-learn's embedded copy while the others raise FileNotFoundError. With ``verify`` (default) the
+    file's SHA-256 must match the published sum, else ValueError; ``verify=False`` skips the check (for
+    edited files).
     """
     spec = _spec(name)
     if data_dir is None:
