@@ -9,12 +9,19 @@ import torch
 DEVICES = ("auto", "cpu", "cuda")
 
 
+def check_device_name(name: str) -> str:
+    """The kind of a device name ('auto', 'cpu', 'cuda' or 'cuda:N'); ValueError for any other spelling, so
+    a config can refuse it before any work, on a machine with or without a GPU."""
+    kind, _, index = name.partition(":")
+    if kind not in DEVICES or (index and (kind == "auto" or not index.isdigit())):
+        raise ValueError(f"device must be one of {DEVICES} (or 'cuda:N'), got {name!r}")
+    return kind
+
+
 def resolve_device(name: str) -> torch.device:
     """'auto' is CUDA when a GPU is visible, else the CPU. Under a distributed launcher each process
     takes the GPU of its local rank (LOCAL_RANK), as torchrun sets it."""
-    kind = name.split(":", 1)[0]
-    if kind not in DEVICES:
-        raise ValueError(f"device must be one of {DEVICES} (or 'cuda:N'), got {name!r}")
+    kind = check_device_name(name)
     if kind == "auto":
         kind = "cuda" if torch.cuda.is_available() else "cpu"
     if kind == "cpu":

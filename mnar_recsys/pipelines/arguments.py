@@ -8,8 +8,6 @@ from typing import Any, TypeVar
 
 Config = TypeVar("Config")
 
-DEVICES = ("auto", "cpu", "cuda")
-
 
 def option(default: Any, help: str, choices: tuple[Any, ...] | None = None) -> Any:
     """A config field with the help (and the choices, if any) of its command-line option."""

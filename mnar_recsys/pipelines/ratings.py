@@ -31,6 +31,7 @@ from mnar_recsys.evaluation.metrics import mae, mse
 from mnar_recsys.evaluation.protocol import MCARSplit, fit_and_score, mcar_split
 from mnar_recsys.evaluation.reports import markdown_table, provenance, summarise, write_atomic, write_json
 from mnar_recsys.inference.importance import ImportanceConfig
+from mnar_recsys.pipelines.arguments import check_counts
 from mnar_recsys.pipelines.workers import run_tasks
 from mnar_recsys.training import distributed
 from mnar_recsys.training.distributed import BACKENDS
@@ -94,8 +95,7 @@ class RatingsRun:
             raise ValueError(f"--estimator-k values must be positive, got {self.estimator_k}")
         if self.unobserved_samples is not None and self.unobserved_samples < 1:
             raise ValueError(f"--unobserved-samples must be at least 1, got {self.unobserved_samples}")
-        if self.jobs < 1:
-            raise ValueError(f"--jobs must be at least 1, got {self.jobs}")
+        check_counts(self, dict.fromkeys(("iterations", "batch_size", "importance_samples", "users", "items", "jobs"), 1))
 
 
 _LOADED: dict[tuple, RatingsData] = {}  # the last data set this process loaded, by its settings

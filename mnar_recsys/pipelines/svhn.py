@@ -21,7 +21,8 @@ import torch
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
-from mnar_recsys.pipelines.arguments import DEVICES, add_config_options, check_counts, config_from_options, option
+from mnar_recsys.devices import check_device_name
+from mnar_recsys.pipelines.arguments import add_config_options, check_counts, config_from_options, option
 from mnar_recsys.data.amputation import apply_mask
 from mnar_recsys.data.svhn import B, W, clipping_mask, digits_stand_in, load_svhn
 from mnar_recsys.evaluation.metrics import imputation_rmse
@@ -54,11 +55,12 @@ class SVHNConfig:
     conv_channels: str = option("64,128,256", "the encoder's channel widths, comma-separated; the decoder "
                                               "mirrors them")
     seed: int = option(0, "seed of initialisation, training and imputation")
-    device: str = option("auto", "auto (CUDA when torch sees a GPU), cpu or cuda", DEVICES)
+    device: str = option("auto", "auto (CUDA when torch sees a GPU), cpu, cuda or cuda:N")
 
     def __post_init__(self) -> None:
         check_counts(self, {**dict.fromkeys(("iterations", "refit_iterations", "batch_size", "n_samples",
                                              "importance_samples", "ll_samples"), 1), "n_train": 0, "n_test": 0})
+        check_device_name(self.device)
 
     def channels(self) -> tuple[int, ...]:
         try:

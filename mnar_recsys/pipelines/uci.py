@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from baselines.dense_imputers import DENSE_IMPUTERS, make_dense_imputer
-from mnar_recsys.pipelines.arguments import DEVICES, add_config_options, check_counts, config_from_options, option
+from mnar_recsys.devices import check_device_name
+from mnar_recsys.pipelines.arguments import add_config_options, check_counts, config_from_options, option
 from mnar_recsys.data.amputation import apply_mask, paper_self_masking, standardize
 from mnar_recsys.data.uci import UCI_DATASETS, UCI_NAMES, load_uci, paper_dataset
 from mnar_recsys.estimators.imputer import NotMIWAEImputer
@@ -70,7 +71,7 @@ class UCIConfig:
     runs: int = option(5, "runs per (data set, model); run r is seeded seed + r")
     offset: float = option(0.0, "in the first half of the features, values above mean + offset sd go missing")
     seed: int = option(0, "seed of the first run")
-    device: str = option("auto", "auto (CUDA when torch sees a GPU), cpu or cuda", DEVICES)
+    device: str = option("auto", "auto (CUDA when torch sees a GPU), cpu, cuda or cuda:N")
     sampled_imputation: str = option(
         "decoder-mean", "what the agnostic models (x_m sampled) average under their importance weights: "
         "decoder-mean (the paper's code) or draws (the drawn x_m, consistent)", SAMPLED_IMPUTATIONS)
@@ -81,6 +82,7 @@ class UCIConfig:
         check_counts(self, dict.fromkeys(("iterations", "batch_size", "n_samples", "importance_samples", "runs",
                                           "n_init"), 1))
         check_sampled_imputation(self.sampled_imputation)
+        check_device_name(self.device)
 
 
 def make_imputer(model: str, config: UCIConfig, seed: int, progress: bool = False):

@@ -166,6 +166,15 @@ def test_cli_unobserved_samples_is_recorded(tmp_path, capsys):
     assert "--unobserved-samples must be at least 1" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("option", ["--iterations", "--batch-size", "--importance-samples", "--users", "--items"])
+def test_cli_counts_below_one_are_refused_before_any_work(tmp_path, capsys, option):
+    """Named by their option, before the data is read or made (here: Coat files that are not there)."""
+    code = main(["ratings", "--data", "coat", "--data-dir", str(tmp_path / "none"), option, "0",
+                 "--out", str(tmp_path / "bad")])
+    assert code == 2 and f"{option} must be at least 1, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
+
+
 def _write_yahoo_format(directory: Path, data) -> None:
     """Write `data`'s train and test in the published Yahoo! R3 format: user<TAB>song<TAB>rating, 1-based
     ids, CRLF line ends."""

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from mnar_recsys.data.ondisk import save_csr
-from mnar_recsys.devices import resolve_device
+from mnar_recsys.devices import check_device_name, resolve_device
 from mnar_recsys.models.config import ModelConfig, build_model
 from mnar_recsys.training.distributed import choose_backend
 from mnar_recsys.training.trainer import TrainConfig, fit
@@ -100,6 +100,17 @@ def test_devices_resolve_when_asked():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="sees no GPU"):
             resolve_device("cuda")
+
+
+@pytest.mark.parametrize("name, kind", [("auto", "auto"), ("cpu", "cpu"), ("cuda", "cuda"), ("cuda:1", "cuda"),
+                                        ("cpu:0", "cpu"), ("tpu", None), ("cuda:x", None), ("auto:0", None), ("", None)])
+def test_device_names_are_checked_without_a_gpu(name, kind):
+    """Spelling alone, as configs check it before any work, on any machine."""
+    if kind is None:
+        with pytest.raises(ValueError, match=f"device must be one of .*, got {name!r}"):
+            check_device_name(name)
+    else:
+        assert check_device_name(name) == kind
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
