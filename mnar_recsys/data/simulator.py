@@ -103,11 +103,17 @@ class SimulatorConfig:
             if np.any(shares <= 0) or abs(shares.sum() - 1) > 0.01:
                 raise ValueError(f"{name} must be positive and sum to 1 (up to rounding), got {getattr(self, name)}")
         if not self.min_ratings_per_user < self.median_ratings_per_user < self.mean_ratings_per_user:
-            raise ValueError("need min_ratings_per_user < median_ratings_per_user < mean_ratings_per_user")
+            raise ValueError("need min_ratings_per_user < median_ratings_per_user < mean_ratings_per_user, got "
+                             f"{self.min_ratings_per_user}, {self.median_ratings_per_user}, "
+                             f"{self.mean_ratings_per_user}")
         if self.mean_ratings_per_user >= self.n_items:
-            raise ValueError("mean_ratings_per_user must be below n_items")
-        if not 0 <= self.n_test_users <= self.n_users or not 0 < self.test_items_per_user <= self.n_items:
-            raise ValueError("need n_test_users <= n_users and 0 < test_items_per_user <= n_items")
+            raise ValueError(f"n_items ({self.n_items}) must exceed mean_ratings_per_user "
+                             f"({self.mean_ratings_per_user})")
+        if not 0 <= self.n_test_users <= self.n_users:
+            raise ValueError(f"n_test_users must lie in 0..n_users ({self.n_users}), got {self.n_test_users}")
+        if not 0 < self.test_items_per_user <= self.n_items:
+            raise ValueError(f"test_items_per_user must lie in 1..n_items ({self.n_items}), got "
+                             f"{self.test_items_per_user}")
 
 
 def simulate_ratings(config: SimulatorConfig | None = None) -> RatingsData:

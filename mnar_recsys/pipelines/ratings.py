@@ -96,6 +96,8 @@ class RatingsRun:
         if self.unobserved_samples is not None and self.unobserved_samples < 1:
             raise ValueError(f"--unobserved-samples must be at least 1, got {self.unobserved_samples}")
         check_counts(self, dict.fromkeys(("iterations", "batch_size", "importance_samples", "users", "items", "jobs"), 1))
+        if self.test_users is not None and not 1 <= self.test_users <= self.users:
+            raise ValueError(f"--test-users must lie in 1..{self.users} (--users), got {self.test_users}")
 
 
 _LOADED: dict[tuple, RatingsData] = {}  # the last data set this process loaded, by its settings

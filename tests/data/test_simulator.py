@@ -113,3 +113,9 @@ def test_invalid_config():
         SimulatorConfig(train_shares=(0.5, 0.5, 0.5, 0.5, 0.5))
     with pytest.raises(ValueError, match="min_ratings_per_user < median_ratings_per_user"):
         SimulatorConfig(median_ratings_per_user=25.0)
+    with pytest.raises(ValueError, match=r"n_items \(5\) must exceed mean_ratings_per_user \(20\.2\)"):
+        SimulatorConfig(n_items=5)
+    with pytest.raises(ValueError, match=r"n_test_users must lie in 0\.\.n_users \(10\), got 11"):
+        SimulatorConfig(n_users=10, n_test_users=11)
+    with pytest.raises(ValueError, match=r"test_items_per_user must lie in 1\.\.n_items \(30\), got 31"):
+        SimulatorConfig(n_items=30, test_items_per_user=31)

@@ -175,6 +175,13 @@ def test_cli_counts_below_one_are_refused_before_any_work(tmp_path, capsys, opti
     assert not (tmp_path / "bad").exists()
 
 
+@pytest.mark.parametrize("value", ["0", "2001"])
+def test_cli_test_users_must_be_some_of_the_users(tmp_path, capsys, value):
+    """0 would leave no MCAR ratings to score; more than --users cannot be drawn."""
+    assert main(["ratings", "--users", "2000", "--test-users", value, "--out", str(tmp_path / "bad")]) == 2
+    assert f"--test-users must lie in 1..2000 (--users), got {value}" in capsys.readouterr().err
+
+
 def _write_yahoo_format(directory: Path, data) -> None:
     """Write `data`'s train and test in the published Yahoo! R3 format: user<TAB>song<TAB>rating, 1-based
     ids, CRLF line ends."""
