@@ -61,8 +61,8 @@ PAPER_RMSE: dict[str, tuple[float, ...]] = {
 
 @dataclass
 class UCIConfig:
-    """The paper's protocol by default (every default is the paper's): 100k iterations of 16 rows, K = 20,
-    10k importance samples, 5 runs."""
+    """The paper's protocol, which every default follows: 100k iterations of 16 rows, K = 20, 10k importance
+    samples, 5 runs."""
 
     iterations: int = option(100_000, "training steps of each neural model")
     batch_size: int = option(16, "rows per training step")
