@@ -16,13 +16,11 @@ def option(default: Any, help: str, choices: tuple[Any, ...] | None = None) -> A
 
 def add_config_options(parser: argparse.ArgumentParser, config_type: type) -> None:
     """One option per field (`--field-name`), typed and defaulted from the dataclass's defaults, with the
-    help and choices given by `option`."""
+    help and choices its `option` gives."""
     for spec in fields(config_type):
         default = spec.default
-        help_text = spec.metadata.get("help")
         parser.add_argument(f"--{spec.name.replace('_', '-')}", type=type(default), default=default,
-                            choices=spec.metadata.get("choices"),
-                            help=f"{help_text} (default: {default})" if help_text else f"default: {default}")
+                            choices=spec.metadata["choices"], help=f"{spec.metadata['help']} (default: {default})")
 
 
 def check_counts(config: object, least: dict[str, int]) -> None:
