@@ -17,7 +17,7 @@ import torch
 
 from baselines._checks import check_fitted, check_pairs, check_ratings
 from mnar_recsys.evaluation.reports import atomic_path
-from mnar_recsys.inference.importance import ImportanceConfig, impute
+from mnar_recsys.inference.importance import ImportanceConfig, Imputation, impute
 from mnar_recsys.models.config import ModelConfig, build_model
 from mnar_recsys.models.notmiwae import NotMIWAE
 from mnar_recsys.training import checkpoint
@@ -119,11 +119,17 @@ class NotMIWAERecommender:
         users, items = check_pairs(users, items, self.train.shape)
         if users.size == 0:
             return np.zeros(0)
+        return np.clip(self.impute(users, items).mean, *self.config.rating_scale)
+
+    def impute(self, users: np.ndarray, items: np.ndarray) -> Imputation:
+        """The importance-sampling imputation behind `predict`, unclipped, with its weights' effective
+        sample size: `ess[r]` for the r-th distinct user of `users` in sorted order."""
+        check_fitted(self, "model")
+        users, items = check_pairs(users, items, self.train.shape)
         # impute() visits every row it is given, so hand it only the requested users' rows
         present, rows = np.unique(users, return_inverse=True)
-        imputation = impute(self.model, self.train[present], rows=rows, cols=items, methods=("mean",),
-                            config=replace(self.config.importance, seed=self.config.seed))
-        return np.clip(imputation.mean, *self.config.rating_scale)
+        return impute(self.model, self.train[present], rows=rows, cols=items, methods=("mean",),
+                      config=replace(self.config.importance, seed=self.config.seed))
 
     def save(self, directory: str | Path) -> Path:
         """Write the model (checkpoint format), the recommender config and the train matrix."""

@@ -30,6 +30,18 @@ def test_predictions_are_finite_and_on_the_rating_scale(small_ratings, name):
     assert predicted.std() > 0  # not a constant
 
 
+def test_predict_is_the_imputation_clipped_and_the_weights_ess_is_per_user(small_ratings):
+    users, items, _ = small_ratings.test_triples()
+    model = make_recommender("notmiwae-gaussian", seed=0, **QUICK).fit(small_ratings.train)
+    imputation = model.impute(users, items)
+    np.testing.assert_array_equal(model.predict(users, items), np.clip(imputation.mean, 1, 5))
+    assert imputation.ess.shape == (np.unique(users).size,)
+    assert (imputation.ess >= 1).all() and (imputation.ess <= QUICK["importance"].n_samples).all()
+    assert imputation.ess.std() > 0  # users' weights differ
+    with pytest.raises(ValueError, match="not fitted"):
+        make_recommender("notmiwae-gaussian").impute(np.array([0]), np.array([0]))
+
+
 def test_variants_set_the_paper_choices():
     def model_config(name):
         return make_recommender(name).config.model_config(10)

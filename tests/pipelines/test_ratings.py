@@ -49,6 +49,8 @@ def test_cli_writes_results_table_and_plots(tmp_path, capsys):
     assert all(len(n) == 1 for n in by_seed.values())  # every model of a seed scored on the same entries
     assert {(r["missing_factor"], r["k"]) for r in results["estimator_k"]} == {
         ("sampled", 10), ("sampled", 20), ("integrated", 10), ("integrated", 20)}
+    assert all(1 <= r["ess"] <= r["k"] for r in results["estimator_k"])
+    assert "ESS (mean over users)" in (out / "results.md").read_text()
     printed = capsys.readouterr().out
     assert "| notmiwae-gaussian | 2 |" in printed and "| oracle | 2 |" in printed
     assert "| model | seeds | MCAR MSE" in (out / "results.md").read_text()
