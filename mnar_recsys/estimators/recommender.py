@@ -115,10 +115,6 @@ class NotMIWAERecommender:
         Each user is encoded from their training ratings and the items imputed by self-normalised
         importance sampling; only the users asked about are processed.
         """
-        check_fitted(self, "model")
-        users, items = check_pairs(users, items, self.train.shape)
-        if users.size == 0:
-            return np.zeros(0)
         return np.clip(self.impute(users, items).mean, *self.config.rating_scale)
 
     def impute(self, users: np.ndarray, items: np.ndarray) -> Imputation:

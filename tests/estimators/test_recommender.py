@@ -40,6 +40,8 @@ def test_predict_is_the_imputation_clipped_and_the_weights_ess_is_per_user(small
     assert imputation.ess.std() > 0  # users' weights differ
     with pytest.raises(ValueError, match="not fitted"):
         make_recommender("notmiwae-gaussian").impute(np.array([0]), np.array([0]))
+    nothing = np.array([], dtype=int)
+    assert model.predict(nothing, nothing).shape == (0,) and model.impute(nothing, nothing).ess.shape == (0,)
 
 
 def test_variants_set_the_paper_choices():
