@@ -107,7 +107,7 @@ def mar_logistic(
 ) -> np.ndarray:
     """Missing at random through a logistic model.
 
-    A random subset of max(1, int(p_obs * D)) features is always observed; every other feature j goes
+    A random subset of min(max(1, int(p_obs * D)), D - 1) features is always observed; every other feature j goes
     missing independently with probability sigmoid(x_obs @ w_j + b_j), which conditions only on the
     always-observed features of the same row (hence MAR). w_j is random, b_j is set so that the
     expected missing rate of each non-observed feature is ``p``.
@@ -134,7 +134,7 @@ def mnar_logistic(
 ) -> np.ndarray:
     """Missing not at random through a logistic model on inputs that are themselves masked.
 
-    A random subset of max(1, int(p_params * D)) features are the inputs of the model: every other
+    A random subset of min(max(1, int(p_params * D)), D - 1) features are the inputs of the model: every other
     feature j goes missing with probability sigmoid(x_in @ w_j + b_j) (b_j set for an expected rate
     ``p``); the input features are then masked completely at random with probability ``p``. The
     missingness therefore conditions on values (the inputs) that may themselves be missing: MNAR.

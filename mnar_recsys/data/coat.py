@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
-from .files import check_sha256, require_file
+from .files import check_sha256, require_file, utf8_errors_named
 from .ratings import RatingsData
 from .triples import to_csr
 
@@ -53,8 +53,9 @@ def read_dense_ratings(path: Path, shape: tuple[int, int], rating_scale: tuple[i
     Raises ValueError naming the file and 1-based line for a wrong number of lines or columns, a
     non-integer entry, or an entry that is neither 0 nor on the rating scale.
     """
-    lines = path.read_text(encoding="utf-8").split("\n")
-    if lines and lines[-1] == "":
+    with utf8_errors_named(path):
+        lines = path.read_text(encoding="utf-8-sig").split("\n")  # universal newlines: CRLF arrives as "\n"
+    while lines and not lines[-1].strip():  # blank lines at the end are no users
         lines.pop()
     if len(lines) != shape[0]:
         raise ValueError(f"{path}: expected {shape[0]} lines (users), found {len(lines)}")

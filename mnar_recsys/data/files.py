@@ -1,9 +1,11 @@
-"""File checks shared by the data-set loaders: presence and sha256 fingerprints."""
+"""File checks shared by the data-set loaders: presence, sha256 fingerprints, text that is not UTF-8."""
 
 from __future__ import annotations
 
 import hashlib
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -38,3 +40,20 @@ def check_sha256(path: Path, expected: str, card: str) -> str:
             stacklevel=3,
         )
     return actual
+
+
+@contextmanager
+def utf8_errors_named(path: Path) -> Iterator[None]:
+    """Turn a UnicodeDecodeError while reading ``path`` as text into a ValueError naming the first bad line
+    (the decoder's own message gives a byte offset, often within an internal buffer, and no file)."""
+    try:
+        yield
+    except UnicodeDecodeError:
+        with open(path, "rb") as file:
+            for number, line in enumerate(file, start=1):
+                try:
+                    line.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    raise ValueError(f"{path}, line {number}: byte 0x{line[err.start]:02x} at column {err.start + 1} "
+                                     "is not UTF-8 text; re-save the file as UTF-8") from None
+        raise

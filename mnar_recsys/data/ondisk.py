@@ -24,6 +24,7 @@ import scipy.sparse as sp
 
 from mnar_recsys.evaluation.reports import atomic_directory
 
+from .files import utf8_errors_named
 from .rows import RowBatch, RowSource, _check_csr, batch_from_csr
 from .triples import Triples, _integer_ids, _parse_ids, _parse_ratings, _show, _text_ids, check_rating_scale, \
     file_layout, no_ratings_error, split_lines
@@ -129,7 +130,7 @@ def convert_triples(path: str | Path, directory: str | Path, *, sep: str | None 
     """
     check_rating_scale(rating_scale)
     path = Path(path)
-    with open(path, encoding="utf-8-sig") as file:
+    with open(path, encoding="utf-8-sig") as file, utf8_errors_named(path):
         sep, header_line = file_layout(path, (line.rstrip("\n") for line in file), sep, header)
     with atomic_directory(directory) as tmp:
         users, items = _Tally("user"), _Tally("item")
@@ -195,7 +196,7 @@ class _Tally:
 
 def _chunks(path: Path, sep: str | None, header_line: int, chunksize: int) -> Iterator[Triples]:
     """Raw triples of `chunksize` lines at a time, with their line numbers in the whole file."""
-    with open(path, encoding="utf-8-sig") as file:  # universal newlines, as read_triples reads
+    with open(path, encoding="utf-8-sig") as file, utf8_errors_named(path):  # universal newlines, as read_triples
         first = 1
         while text := "".join(islice(file, chunksize)):  # one string, not a list of lines, while it waits
             lines = text.split("\n")

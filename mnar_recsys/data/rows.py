@@ -115,14 +115,24 @@ class DenseRows(RowSource):
         return self.observed.mean(axis=0)
 
 
+def _csr_keeping_duplicates(matrix: sp.spmatrix) -> sp.csr_matrix:
+    """A float32 copy in CSR; scipy's own conversion from other formats would add up repeated entries."""
+    if matrix.format == "csr":
+        return sp.csr_matrix(matrix, dtype=np.float32, copy=True)
+    coo = matrix.tocoo()
+    order = np.lexsort((coo.col, coo.row))
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(coo.row, minlength=coo.shape[0]))])
+    return sp.csr_matrix((coo.data[order].astype(np.float32), coo.col[order], indptr), shape=coo.shape)
+
+
 def _check_csr(matrix: sp.spmatrix) -> sp.csr_matrix:
-    csr = sp.csr_matrix(matrix, dtype=np.float32, copy=True)
+    csr = _csr_keeping_duplicates(matrix)
     csr.sort_indices()
     row_of = np.repeat(np.arange(csr.shape[0]), np.diff(csr.indptr))
     same = np.flatnonzero((np.diff(csr.indices) == 0) & (np.diff(row_of) == 0))
     if same.size:
         k = same[0]
-        raise ValueError(f"CSR matrix has duplicate entries, first at row {row_of[k]}, column {csr.indices[k]}: "
+        raise ValueError(f"sparse matrix has duplicate entries, first at row {row_of[k]}, column {csr.indices[k]}: "
                          "sum or drop them before passing the ratings")
     bad = np.flatnonzero(~np.isfinite(csr.data))
     if bad.size:
@@ -144,11 +154,32 @@ def as_rows(data: "np.ndarray | sp.spmatrix | RowSource") -> RowSource:
         return data
     if sp.issparse(data):
         return CSRRows(_check_csr(data))
-    array = np.asarray(data, dtype=np.float32)
+    array = _as_float64(data)
     if array.ndim != 2:
         raise ValueError(f"rows must be a 2-d array (rows x features), got shape {array.shape}")
     inf = np.argwhere(np.isinf(array))
     if inf.size:
         r, c = inf[0]
         raise ValueError(f"observed values must be finite: entry (row {r}, column {c}) is {array[r, c]}")
-    return DenseRows(array)
+    too_large = np.argwhere(np.abs(array) > np.finfo(np.float32).max)
+    if too_large.size:
+        r, c = too_large[0]
+        raise ValueError(f"entry (row {r}, column {c}) is {array[r, c]}, beyond float32's range, which the models "
+                         "compute in: rescale the data")
+    return DenseRows(array.astype(np.float32))
+
+
+def _as_float64(data: object) -> np.ndarray:
+    """The rows as float64, or an error naming the first entry that is not a number."""
+    try:
+        return np.asarray(data, dtype=np.float64)
+    except (TypeError, ValueError):
+        entries = np.asarray(data, dtype=object)
+        for index in np.ndindex(entries.shape):
+            try:
+                float(entries[index])
+            except (TypeError, ValueError):
+                where = f"(row {index[0]}, column {index[1]})" if len(index) == 2 else str(index)
+                raise ValueError(f"rows must be numbers (NaN for missing): entry {where} is "
+                                 f"{entries[index]!r}") from None
+        raise

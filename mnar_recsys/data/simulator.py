@@ -64,7 +64,8 @@ class SimulatorConfig:
         noise_var: variance of the per-cell noise (the part of a rating even the oracle cannot predict).
         mcar_shares: rating shares 1..K of a uniformly random cell (sets the ordinal thresholds).
         train_shares: target rating shares 1..K of the self-selected train ratings (sets the propensities).
-        min_ratings_per_user: every user rates at least this many items in train.
+        min_ratings_per_user: with ``selection="race"`` every user rates at least this many items in
+            train; with "independent" it enters only the expected number of ratings, and a user may rate fewer.
         median_ratings_per_user: median train ratings per user.
         mean_ratings_per_user: mean train ratings per user (with the median, fixes the log-normal tail).
         popularity_sigma: log-scale spread of item popularity (heavier tail -> more skewed item counts).
@@ -94,6 +95,14 @@ class SimulatorConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        for name in ("n_users", "n_items", "rank"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("user_bias_var", "item_bias_var", "interaction_var", "popularity_sigma", "popularity_floor"):
+            if not getattr(self, name) >= 0:  # NaN fails too
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not self.noise_var > 0:  # the oracle divides by its square root
+            raise ValueError(f"noise_var must be > 0, got {self.noise_var}")
         if self.selection not in SELECTIONS:
             raise ValueError(f"selection must be one of {SELECTIONS}, got {self.selection!r}")
         if len(self.mcar_shares) != len(self.train_shares):

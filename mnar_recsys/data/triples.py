@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
+from .files import utf8_errors_named
 from .ratings import RatingsData
 
 COLUMNS = ("user", "item", "rating")
@@ -125,7 +126,8 @@ def to_csr(rows: np.ndarray, cols: np.ndarray, values: np.ndarray, shape: tuple[
 
 def _file_triples(path: Path, sep: str | None, header: bool | None) -> Triples:
     """Split a file into raw string columns, checking that every data line has three fields."""
-    lines = path.read_text(encoding="utf-8-sig").split("\n")  # universal newlines: CRLF arrives as "\n"
+    with utf8_errors_named(path):
+        lines = path.read_text(encoding="utf-8-sig").split("\n")  # universal newlines: CRLF arrives as "\n"
     if lines and lines[-1] == "":
         lines.pop()
     sep, header_line = file_layout(path, lines, sep, header)

@@ -11,7 +11,7 @@ Breast is also available without files from scikit-learn (``load_uci("breast")``
 
 from __future__ import annotations
 
-import hashlib
+import math
 import os
 import warnings
 from dataclasses import dataclass, replace
@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+
+from .files import require_file, sha256_of
 
 DATA_CARD = "datasets/uci/README.md"
 
@@ -54,11 +56,14 @@ def _parse_text(path: Path, spec: _Spec) -> np.ndarray:
         row = []
         for col in kept:
             try:
-                row.append(float(fields[col]))
+                value = float(fields[col])
             except ValueError:
+                value = math.nan
+            if not math.isfinite(value):  # float() also reads 'nan' and 'inf', which no UCI file holds
                 raise ValueError(
-                    f"{path}: line {lineno}, column {col + 1}: non-numeric value {fields[col].strip()!r}"
-                ) from None
+                    f"{path}: line {lineno}, column {col + 1}: expected a finite number, found {fields[col].strip()!r}"
+                )
+            row.append(value)
         rows.append(row)
     if not rows:
         raise ValueError(f"{path}: no data rows")
@@ -145,15 +150,6 @@ def paper_dataset(name: str) -> str:
     return UCI_VARIANTS.get(key, key)
 
 
-def sha256_of(path: str | Path) -> str:
-    """Hex SHA-256 digest of a file."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def expected_file(name: str) -> str:
     """The file name the archive distributes data set ``name`` under."""
     return _spec(name).file
@@ -190,9 +186,7 @@ def load_uci(name: str, data_dir: str | Path | None = None, *, verify: bool = Tr
         raise FileNotFoundError(
             f"no data_dir given for UCI set {name!r}: it needs {spec.file}; see {DATA_CARD} for how to obtain it"
         )
-    path = Path(data_dir) / spec.file
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: UCI set {name!r} needs {spec.file}; see {DATA_CARD}")
+    path = require_file(Path(data_dir) / spec.file, DATA_CARD)
     if verify:
         actual = sha256_of(path)
         if actual != spec.sha256:

@@ -21,6 +21,7 @@ SHA256 = {
     TEST_FILE: "d456af676c5fdc93587c0a386e840267112b721941febcea65f34c8933f91481",
 }
 RATING_SCALE = (1, 5)
+SHAPE = (15_400, 1_000)  # users x songs of the published files; the ids run 1..15,400 and 1..1,000
 
 
 def load_yahoo_r3(data_dir: str | Path) -> RatingsData:
@@ -30,17 +31,19 @@ def load_yahoo_r3(data_dir: str | Path) -> RatingsData:
     shape is the train file's largest user and song ids (15,400 x 1,000 for the published files).
     Warns (``ChecksumWarning``) when a file's sha256 differs from the published one; raises
     FileNotFoundError for a missing file and ValueError, naming file and line, for malformed rows,
-    ids below 1, or test ids beyond the train file's range.
+    ids outside 1..15,400 (users) or 1..1,000 (songs), or test ids beyond the train file's range.
     """
     data_dir = Path(data_dir)
     paths = {f: require_file(data_dir / f, CARD) for f in (TRAIN_FILE, TEST_FILE)}
-    digests = {f: check_sha256(p, SHA256[f], CARD) for f, p in paths.items()}
+    digests = {}
+    for f, path in paths.items():  # a loop, not a comprehension, so that a warning points at the caller
+        digests[f] = check_sha256(path, SHA256[f], CARD)
     train, test = (
         read_triples(paths[f], sep="\t", header=False, rating_scale=RATING_SCALE, integer_ids=True)
         for f in (TRAIN_FILE, TEST_FILE)
     )
     for t in (train, test):
-        _check_one_based(t)
+        _check_ids(t)
     shape = (int(train.users.max()), int(train.items.max()))
     _check_within(test, shape, train.source)
     return RatingsData(
@@ -54,11 +57,16 @@ def load_yahoo_r3(data_dir: str | Path) -> RatingsData:
     )
 
 
-def _check_one_based(t: Triples) -> None:
-    for kind, ids in (("user", t.users), ("song", t.items)):
+def _check_ids(t: Triples) -> None:
+    """Ids are positions: one far beyond the published range would size the matrix by it, so it is refused."""
+    for kind, ids, n in (("user", t.users, SHAPE[0]), ("song", t.items, SHAPE[1])):
         bad = np.flatnonzero(ids < 1)
         if len(bad):
             raise t.error(bad[0], f"{kind} id {ids[bad[0]]} is not a 1-based id (expected >= 1)")
+        bad = np.flatnonzero(ids > n)
+        if len(bad):
+            raise t.error(bad[0], f"{kind} id {ids[bad[0]]} is beyond Yahoo! R3's {kind}s (expected 1..{n:,}); "
+                                  "load other (user, item, rating) files with load_triples")
 
 
 def _check_within(test: Triples, shape: tuple[int, int], train_source: str) -> None:

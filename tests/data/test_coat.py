@@ -84,6 +84,23 @@ def test_wrong_number_of_lines(tmp_path):
         load_quietly(tmp_path)
 
 
+def test_a_byte_order_mark_and_blank_lines_at_the_end_are_no_users(tmp_path):
+    train, test = small_coat(tmp_path)
+    path = tmp_path / "train.ascii"
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes() + b"\r\n \r\n")
+    np.testing.assert_array_equal(load_quietly(tmp_path).train.toarray(), train)
+
+
+def test_text_that_is_not_utf8_is_named_by_line(tmp_path):
+    small_coat(tmp_path)
+    path = tmp_path / "test.ascii"
+    lines = path.read_bytes().split(b"\r\n")
+    lines[3] = b"\xff" + lines[3]
+    path.write_bytes(b"\r\n".join(lines))
+    with pytest.raises(ValueError, match=r"test\.ascii, line 4: byte 0xff at column 1 is not UTF-8 text"):
+        load_quietly(tmp_path)
+
+
 def test_wrong_number_of_columns(tmp_path):
     train, test = small_coat(tmp_path)
     lines = (tmp_path / "test.ascii").read_bytes().decode().split("\r\n")

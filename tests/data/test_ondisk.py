@@ -121,6 +121,18 @@ def test_converter_names_the_bad_line_and_leaves_no_folder(tmp_path, text, messa
     assert leftovers(tmp_path) == ["r.csv"]
 
 
+def test_text_that_is_not_utf8_is_named_by_line_by_both_readers(tmp_path):
+    """Python's decoder names a byte offset within its buffer and no file; both readers name the line."""
+    source = tmp_path / "r.csv"
+    source.write_bytes("a,x,1\nb,x,2\nc,caf\u00e9,3\n".encode("latin-1"))
+    message = r"r\.csv, line 3: byte 0xe9 at column 6 is not UTF-8 text"
+    with pytest.raises(ValueError, match=message):
+        convert_triples(source, tmp_path / "out", chunksize=2)
+    with pytest.raises(ValueError, match=message):
+        read_triples(source)
+    assert leftovers(tmp_path) == ["r.csv"]
+
+
 @pytest.fixture
 def folder(tmp_path) -> Path:
     return save_csr(ratings_matrix(), tmp_path / "m")

@@ -119,3 +119,13 @@ def test_invalid_config():
         SimulatorConfig(n_users=10, n_test_users=11)
     with pytest.raises(ValueError, match=r"test_items_per_user must lie in 1\.\.n_items \(30\), got 31"):
         SimulatorConfig(n_items=30, test_items_per_user=31)
+    with pytest.raises(ValueError, match="rank must be at least 1, got 0"):
+        SimulatorConfig(rank=0)
+    with pytest.raises(ValueError, match="n_users must be at least 1, got 0"):
+        SimulatorConfig(n_users=0, n_test_users=0)
+    with pytest.raises(ValueError, match="user_bias_var must be >= 0, got -1"):
+        SimulatorConfig(user_bias_var=-1)
+    with pytest.raises(ValueError, match="popularity_floor must be >= 0, got -1.0"):
+        SimulatorConfig(popularity_floor=-1.0)
+    with pytest.raises(ValueError, match="noise_var must be > 0, got 0"):
+        SimulatorConfig(noise_var=0)

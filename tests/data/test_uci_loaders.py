@@ -6,7 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mnar_recsys.data.uci import UCI_DATASETS, UCI_NAMES, expected_file, load_uci, paper_dataset, sha256_of
+from mnar_recsys.data.files import sha256_of
+from mnar_recsys.data.uci import UCI_DATASETS, UCI_NAMES, expected_file, load_uci, paper_dataset
 
 # the shared data folder beside the project root; $MNAR_RECSYS_UCI_DIR overrides (e.g. from a worktree)
 UCI_DIR = Path(
@@ -110,12 +111,14 @@ def test_wrong_column_count_names_line(tmp_path):
         load_uci("banknote", tmp_path, verify=False)
 
 
-def test_non_numeric_names_line_and_column(tmp_path):
+@pytest.mark.parametrize("value", ["abc", "nan", "NaN", "inf", "-Infinity"])
+def test_non_numeric_or_non_finite_names_line_and_column(tmp_path, value):
+    """Python's float() reads 'nan' and 'inf'; a loaded NaN would pass for a missing value downstream."""
     row = ["842302", "M"] + ["1.0"] * 30
     bad = list(row)
-    bad[5] = "abc"
+    bad[5] = value
     _write(tmp_path, "breast", ",".join(row) + "\n" + ",".join(bad) + "\n")
-    with pytest.raises(ValueError, match=r"wdbc\.data: line 2, column 6: non-numeric value 'abc'"):
+    with pytest.raises(ValueError, match=rf"wdbc\.data: line 2, column 6: expected a finite number, found '{value}'"):
         load_uci("breast", tmp_path, verify=False)
 
 

@@ -126,6 +126,22 @@ def test_id_below_one(tmp_path):
         load_bad_train(tmp_path, "0\t4\t3")
 
 
+@pytest.mark.parametrize("line, message", [
+    ("15401\t4\t3", "user id 15401 is beyond Yahoo! R3's users \\(expected 1..15,400\\)"),
+    ("2\t1099511627776\t3", "song id 1099511627776 is beyond Yahoo! R3's songs \\(expected 1..1,000\\)"),
+])
+def test_id_beyond_the_published_range(tmp_path, line, message):
+    """Ids are positions, so a stray large id would otherwise size the matrix by it (8 TiB for this song)."""
+    with pytest.raises(ValueError, match=rf"{TRAIN_FILE}, line 3: {message}"):
+        load_bad_train(tmp_path, line)
+
+
+def test_checksum_warning_points_at_the_caller(tmp_path):
+    with pytest.warns(ChecksumWarning) as record:
+        load_yahoo_r3(write_yahoo(tmp_path))
+    assert {Path(w.filename).name for w in record} == {Path(__file__).name}
+
+
 def test_test_user_unknown_to_train(tmp_path):
     with pytest.raises(ValueError, match=rf"{TEST_FILE}, line 2: user id 5 is unknown to the train data"):
         load_quietly(write_yahoo(tmp_path, test=[(1, 2, 1), (5, 1, 3)]))

@@ -31,12 +31,17 @@ def csr(data, indices, indptr, n_features: int = 4) -> sp.csr_matrix:
     (np.array([[1.0, 2.0, np.nan, 2.0], [3.0, np.nan, 4.0, -np.inf]]), "must be finite.*row 1, column 3"),
     (csr([1.0, 0.0, 3.0], [0, 1, 2], [0, 2, 3]), "explicit zero at \\(row 0, column 1\\)"),
     (csr([1.0, 2.0, 3.0], [2, 2, 0], [0, 2, 3]), "duplicate entries.*row 0, column 2"),
+    # scipy's conversion of a COO matrix to CSR would add the two ratings of (1, 3) up into a 7
+    (sp.coo_matrix(([3.0, 4.0, 5.0], ([1, 1, 0], [3, 3, 0])), shape=(2, 4)), "duplicate entries.*row 1, column 3"),
+    (np.array([["1", "x", "2", "3"]], dtype=object), "must be numbers.*\\(row 0, column 1\\) is 'x'"),
+    (np.array([[1.0, 2.0, 1e39, 3.0]]), "\\(row 0, column 2\\) is 1e\\+39, beyond float32's range"),
     (np.array([[1.0, 6.0, np.nan, 2.0]]), "squashed to \\[1.0, 5.0\\].*outside"),
     (np.array([[1.0, 2.0, 3.0], [2.0, 3.0, 4.0]]), "model has 4 features but the rows have 3"),
 ])
 def test_fit_refuses_bad_rows_naming_the_problem(model, data, message):
-    """NaN / inf among observed values, explicit zeros or duplicates in a CSR, values outside the squashed
-    decoder's range and a feature count other than the model's."""
+    """NaN / inf among observed values, explicit zeros or duplicates in a sparse matrix, entries that are not
+    numbers or overflow float32, values outside the squashed decoder's range and a feature count other than
+    the model's."""
     with pytest.raises(ValueError, match=message):
         fit(model, data, QUICK)
 
