@@ -56,15 +56,21 @@ def per_rating_errors(y_true: np.ndarray, y_pred: np.ndarray) -> dict[int, dict[
 
 
 def _dcg_per_user(users: np.ndarray, order_key: np.ndarray, gains: np.ndarray, k: int, n_groups: int) -> np.ndarray:
-    """Sum of gain / log2(rank + 2) over each user's top-k entries when sorted by ``order_key`` descending."""
-    # lexsort is stable, so ties in order_key keep the input order (documented in ndcg_at_k).
+    """Sum of gain / log2(rank + 2) over each user's top-k entries when sorted by ``order_key`` descending.
+
+    Entries tied in ``order_key`` share their tie group's mean gain (McSherry & Najork, 2008; scikit-learn's
+    ``ndcg_score``), so a tie is not broken by the input order: a constant predictor would otherwise score by
+    how the items happen to be numbered."""
     order = np.lexsort((-order_key, users))
-    u_sorted = users[order]
+    u_sorted, key_sorted = users[order], order_key[order]
     starts = np.searchsorted(u_sorted, u_sorted, side="left")
     rank = np.arange(len(u_sorted)) - starts
-    top = rank < k
-    disc = 1.0 / np.log2(rank[top] + 2.0)
-    return np.bincount(u_sorted[top], weights=gains[order][top] * disc, minlength=n_groups)
+    disc = np.where(rank < k, 1.0 / np.log2(rank + 2.0), 0.0)
+    new_tie = np.ones(len(u_sorted), dtype=bool)
+    new_tie[1:] = (u_sorted[1:] != u_sorted[:-1]) | (key_sorted[1:] != key_sorted[:-1])
+    tie = np.cumsum(new_tie) - 1
+    mean_gain = np.bincount(tie, weights=gains[order]) / np.bincount(tie)
+    return np.bincount(u_sorted, weights=mean_gain[tie] * disc, minlength=n_groups)
 
 
 def ndcg_at_k(
@@ -80,7 +86,8 @@ def ndcg_at_k(
     recsys papers) or ``r`` (``"linear"``); discount ``1 / log2(rank + 2)`` with rank 0 at the top. The
     ideal DCG orders the same items by true rating. Users with fewer than 2 test items are skipped
     (any ranking of one item is perfect, so they would only inflate the mean), as are users whose
-    ideal DCG is 0. Ties in ``y_pred`` keep the input order. Returns NaN when no user qualifies.
+    ideal DCG is 0. Items tied in ``y_pred`` share their mean gain (as scikit-learn's ``ndcg_score``).
+    Returns NaN when no user qualifies.
     """
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import secrets
@@ -29,9 +30,13 @@ def provenance() -> dict[str, Any]:
 
 
 def git_state(root: Path) -> tuple[str | None, bool | None]:
-    """(HEAD's commit, whether tracked files differ from it) of the checkout at `root`; (None, None) outside one.
-    Untracked files do not count: results folders and data often sit in a checkout untracked."""
+    """(HEAD's commit, whether tracked files differ from it) of the checkout whose top folder is `root`; (None,
+    None) otherwise, e.g. for a package installed into a virtual environment that sits in another project's
+    checkout, whose commit says nothing about this code. Untracked files do not count: results folders and
+    data often sit in a checkout untracked."""
     try:
+        if Path(_git(root, "rev-parse", "--show-toplevel")).resolve() != root.resolve():
+            return None, None
         commit = _git(root, "rev-parse", "HEAD") or None
         return commit, bool(_git(root, "status", "--porcelain", "--untracked-files=no"))
     except (OSError, subprocess.SubprocessError):
@@ -52,12 +57,19 @@ def atomic_path(path: str | Path, suffix: str = ".tmp") -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
     os.close(fd)
+    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0o600 would stay on the renamed file
     try:
         yield Path(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)  # the only way to read it is to set it
+    os.umask(mask)
+    return mask
 
 
 @contextmanager
@@ -92,17 +104,20 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
     if isinstance(value, np.generic):
-        return value.item()
+        return _jsonable(value.item())
     if isinstance(value, np.ndarray):
-        return value.tolist()
+        return _jsonable(value.tolist())
     if isinstance(value, Path):
         return str(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no NaN or infinity; Python would write a bare NaN that other readers refuse
     return value
 
 
 def write_json(path: str | Path, payload: Any) -> Path:
-    """Atomically write JSON (NumPy scalars and arrays, tuples and paths converted)."""
-    return write_atomic(path, json.dumps(_jsonable(payload), indent=2) + "\n")
+    """Atomically write JSON (NumPy scalars and arrays, tuples and paths converted; NaN and infinities, e.g. an
+    NDCG that no user qualified for, written as null)."""
+    return write_atomic(path, json.dumps(_jsonable(payload), indent=2, allow_nan=False) + "\n")
 
 
 def save_figure(figure: Any, path: str | Path, dpi: int = 120) -> Path:

@@ -47,6 +47,24 @@ def test_ndcg_hand_computed():
     assert ndcg_at_k(users, y, p, k=1) == pytest.approx((1 / 7 + 1.0) / 2)
 
 
+def test_ndcg_with_ties_is_scikit_learns_and_ignores_the_input_order():
+    """Rounded predictions tie often; a tie is scored by its mean gain, not broken by item order."""
+    from sklearn.metrics import ndcg_score
+
+    rng = np.random.default_rng(0)
+    y = rng.integers(1, 6, (40, 10)).astype(float)
+    p = np.round(y + rng.normal(0, 1.5, y.shape))  # about three predictions per distinct value
+    users = np.repeat(np.arange(40), 10)
+    ours = ndcg_at_k(users, y.ravel(), p.ravel(), k=5, gain="linear")
+    assert ours == pytest.approx(np.mean([ndcg_score(y[[u]], p[[u]], k=5) for u in range(40)]), rel=1e-12)
+    reverse = np.arange(users.size)[::-1]
+    assert ndcg_at_k(users[reverse], y.ravel()[reverse], p.ravel()[reverse], k=5) == pytest.approx(
+        ndcg_at_k(users, y.ravel(), p.ravel(), k=5), rel=1e-12)
+    # a constant predictor ranks nothing: every position carries the mean gain
+    constant = ndcg_at_k(users, y.ravel(), np.zeros(users.size), k=5, gain="linear")
+    assert constant == pytest.approx(np.mean([ndcg_score(y[[u]], np.zeros((1, 10)), k=5) for u in range(40)]))
+
+
 def test_ndcg_edge_cases():
     assert np.isnan(ndcg_at_k(np.array([0, 1]), np.array([3.0, 4.0]), np.array([1.0, 2.0])))
     with pytest.raises(ValueError, match="users shape"):

@@ -21,6 +21,9 @@ def test_git_state_sees_changes_to_tracked_files_but_not_untracked_ones(tmp_path
     assert git_state(tmp_path) == (commit, False)
     (tmp_path / "model.py").write_text("K = 50\n")
     assert git_state(tmp_path) == (commit, True)
+    # a folder inside the checkout (a package installed into a virtual environment there) is not its code
+    (tmp_path / "venv" / "site-packages").mkdir(parents=True)
+    assert git_state(tmp_path / "venv" / "site-packages") == (None, None)
 
 
 def test_provenance_records_the_commit_and_whether_the_tree_was_clean():
