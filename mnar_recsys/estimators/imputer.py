@@ -16,6 +16,7 @@ from sklearn.base import BaseEstimator, OneToOneFeatureMixin, TransformerMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from mnar_recsys.devices import resolve_device
 from mnar_recsys.inference import importance
 from mnar_recsys.models.config import ModelConfig, build_model
 from mnar_recsys.training.trainer import TrainConfig, fit
@@ -152,15 +153,17 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
             raise ValueError(f"n_init must be a positive integer, got {self.n_init!r}")
         train = TrainConfig(iterations=self.iterations, batch_size=self.batch_size, n_samples=self.n_samples,
                             lr=self.lr, device=self.device, progress=self.progress)
+        resolve_device(self.device)  # a device torch cannot use is refused before any training
+        # the fitted attributes are set together at the end: a failed refit leaves the last fit whole
         if self.standardize:
             sd = np.nanstd(X, axis=0)
-            self.mean_, self.scale_ = np.nanmean(X, axis=0), np.where(sd > 0, sd, 1.0)
+            mean, scale = np.nanmean(X, axis=0), np.where(sd > 0, sd, 1.0)
         else:
-            self.mean_, self.scale_ = np.zeros(X.shape[1]), np.ones(X.shape[1])
-        standardized = (X - self.mean_) / self.scale_
+            mean, scale = np.zeros(X.shape[1]), np.ones(X.shape[1])
+        standardized = (X - mean) / scale
         rng = check_random_state(self.random_state)
-        self.init_scores_ = None if self.n_init == 1 else []
-        best_score = -np.inf
+        scores = None if self.n_init == 1 else []
+        best_score, best = -np.inf, None
         for i in range(self.n_init):
             seed = int(rng.randint(2 ** 31 - 1))
             train.seed = seed
@@ -168,13 +171,15 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
             model = build_model(config)
             history = fit(model, standardized, train)
             score = -np.inf
-            if self.init_scores_ is not None:
+            if scores is not None:
                 score = self._mean_log_likelihood(model, seed, standardized)
-                self.init_scores_.append(score)
+                scores.append(score)
             # only the best fit so far is held; a NaN score never displaces a fit, nor is kept past the first
             if i == 0 or score > best_score:
-                self.model_, self.history_, self.seed_ = model, history, seed
+                best = model, history, seed
             best_score = max(best_score, score)
+        self.mean_, self.scale_, self.init_scores_ = mean, scale, scores
+        self.model_, self.history_, self.seed_ = best
         return self
 
     def _mean_log_likelihood(self, model, seed: int, standardized: np.ndarray) -> float:

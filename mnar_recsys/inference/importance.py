@@ -5,7 +5,12 @@ z_k, the exact posterior; with x_m sampled, ImportanceConfig.sampled_imputation 
 decoder mean (the paper's) and the drawn x_m,k.
 
 Rows are processed in chunks and the K samples of a chunk in sub-chunks, with a streaming logsumexp,
-so K = 10,000 samples over a thousand features stay within a fixed memory budget.
+so the conditional mean (and the log-likelihood) with K = 10,000 samples over a thousand features stay within a
+fixed memory budget; the median and multiple imputation keep every sample's decoder parameters at the targets.
+
+The draws come from a generator seeded with ImportanceConfig.seed, in the order of the row chunks and their
+sample sub-chunks: a call repeats bit for bit, but a row's estimate depends, within Monte Carlo error, on the
+chunk sizes and on which other rows are imputed with it. The caller's global random state is left as it was.
 """
 
 from __future__ import annotations
@@ -17,13 +22,13 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from mnar_recsys.data.rows import RowBatch, RowSource
 from mnar_recsys.devices import resolve_device
-from mnar_recsys.models.decoders import Params
+from mnar_recsys.inference.tilt import Posterior, conditional_mean, mixture_median
 from mnar_recsys.models.notmiwae import NotMIWAE
+from mnar_recsys.training.seeds import seeded
 from mnar_recsys.training.trainer import prepare_rows
 
 METHODS = ("mean", "median", "multiple")
@@ -42,12 +47,12 @@ class ImportanceConfig:
     draws per entry for multiple imputation; device: where to compute ('auto': CUDA when available); progress:
     show a tqdm bar.
 
-    sampled_imputation: what a model with x_m sampled averages under its weights at missing targets.
-    'decoder-mean' (the paper's code): the mean of p(x_m | z_k), low in variance, but the weights pick
-    z_k, not x_m, so it ignores what the mask says about x_m within each z_k. 'draws': the x_m,k the
-    weights were computed with (mean, weighted median, resampling), consistent for p(x_m | x_o, s);
-    continuous decoders only, as a discrete decoder's draws are relaxed (off its levels). Observed
-    targets and the other models ignore it.
+    sampled_imputation: what a model with x_m sampled averages under its weights at missing targets, for
+    the mean and the median. 'decoder-mean' (the paper's code): the mean of p(x_m | z_k), low in variance,
+    but the weights pick z_k, not x_m, so it ignores what the mask says about x_m within each z_k. 'draws':
+    the x_m,k the weights were computed with, consistent for p(x_m | x_o, s); continuous decoders only, as a
+    discrete decoder's draws are relaxed (off its levels). Multiple imputation resamples those x_m,k either
+    way (continuous decoders). Observed targets and the other models ignore it.
     """
 
     n_samples: int = 10_000
@@ -87,116 +92,6 @@ class Imputation:
     median: np.ndarray | None
     draws: np.ndarray | None
     ess: np.ndarray
-
-
-def _selection_logits(model: NotMIWAE, x: torch.Tensor, cols: torch.Tensor,
-                      offset: torch.Tensor | None) -> torch.Tensor:
-    """logit Pr(s_j = 1 | x_j, z_k) at values x (B, K, T, ...): cols (B, T) are the targets' features,
-    offset (B, K) the row offsets a(z_k) (None without a row offset)."""
-    nodes = (None,) * (x.dim() - 3)  # x's axes past (B, K, T), e.g. quadrature nodes
-    logits = model.missing_model.feature_logits(x, cols[:, None, :][(..., *nodes)])
-    return logits if offset is None else logits + offset[(..., None, *nodes)]
-
-
-def _conditional_mean(model: NotMIWAE, params: Params, cols: torch.Tensor, observed: torch.Tensor,
-                      offset: torch.Tensor | None) -> torch.Tensor:
-    """E[x_j | z_k, s_j] for target entries, (B, K, T).
-
-    With the integrated missing factor this is the decoder's distribution tilted by Pr(s_j | x_j, z_k) on
-    the same quadrature nodes, the exact per-feature posterior given z_k; otherwise the decoder mean
-    (for x_m sampled, ImportanceConfig.sampled_imputation='decoder-mean').
-    """
-    if not _tilt_applies(model):
-        return model.decoder.mean(params)
-    nodes, log_w = model.decoder.quadrature(params)
-    sign = (2 * observed - 1)[:, None, :, None]
-    log_tilt = log_w + F.logsigmoid(sign * _selection_logits(model, nodes, cols, offset))
-    # the softmax over the nodes written out: on a CPU, F.softmax along an axis of 8 took 5 times as long
-    tilt = (log_tilt - log_tilt.amax(-1, keepdim=True)).exp_()
-    return (tilt * nodes).sum(-1) / tilt.sum(-1)
-
-
-def _posterior_draws(model: NotMIWAE, params: Params, cols: torch.Tensor, observed: torch.Tensor,
-                     offset: torch.Tensor | None, max_rounds: int = 200) -> torch.Tensor:
-    """Draws from p(x_j | z_k, s_j) for resampled z_k: params (B, M, T, ...), offset (B, M) -> (B, M, T).
-
-    With a per-feature missing model this is the decoder tilted by Pr(s_j | x_j, z_k), drawn exactly by
-    rejection (propose from p(x_j | z_k), accept with probability Pr(s_j | x_j, z_k) <= 1); a coupled
-    missing model (agnostic, nonlinear) cannot be tilted feature by feature and the decoder is used.
-    """
-    draws = model.decoder.sample(params)
-    if not _tilt_applies(model):
-        return draws
-    sign = (2 * observed - 1)[:, None, :]
-    pending = torch.ones_like(draws, dtype=torch.bool)
-    for _ in range(max_rounds):
-        accept_p = torch.sigmoid(sign * _selection_logits(model, draws, cols, offset))
-        pending &= torch.rand_like(accept_p) >= accept_p
-        if not pending.any():
-            break
-        draws = torch.where(pending, model.decoder.sample(params), draws)
-    # entries still pending after max_rounds have tilt mass below ~1/max_rounds and keep an untilted draw
-    return draws
-
-
-def _tilt_applies(model: NotMIWAE) -> bool:
-    return model.missing_factor == "integrated" and model.missing_model.per_feature and not model.missing_model.is_mcar
-
-
-def _component_cdf(model: NotMIWAE, params: Params, cols: torch.Tensor, observed: torch.Tensor,
-                   offset: torch.Tensor | None, x: torch.Tensor, legendre_points: int = 8) -> torch.Tensor:
-    """CDF of each component at x (B, 1, T) -> (B, K, T): the decoder's, tilted by Pr(s_j | x_j, z_k) when
-    the missing factor is integrated (the same per-sample posterior the conditional mean uses).
-
-    The tilted CDF ∫_{-inf}^x p(t|z) Pr(s|t) dt / Pr(s|z) is taken on the probability scale,
-    t = F^{-1}(u), by Gauss-Legendre over u in [0, F(x)]; discrete decoders sum their levels exactly.
-    """
-    decoder = model.decoder
-    if not _tilt_applies(model):
-        return decoder.cdf(params, x)
-    sign = (2 * observed - 1)[:, None, :]
-    nodes, log_w = decoder.quadrature(params)
-    accept = torch.sigmoid(sign[..., None] * _selection_logits(model, nodes, cols, offset))
-    normaliser = (log_w.exp() * accept).sum(-1)
-    support = getattr(decoder, "support", None)
-    if support is not None:
-        return (log_w.exp() * accept * (nodes <= x[..., None])).sum(-1) / normaliser
-    loc, scale = params
-    upper = decoder.cdf(params, x)
-    g, w = np.polynomial.legendre.leggauss(legendre_points)
-    total = torch.zeros_like(upper)
-    for node, weight in zip(g.tolist(), w.tolist()):
-        u = (upper * (1 + node) / 2).clamp(1e-7, 1 - 1e-7)
-        t = loc + scale * math.sqrt(2.0) * torch.erfinv(2 * u - 1)
-        total += weight / 2 * torch.sigmoid(sign * _selection_logits(model, t, cols, offset))
-    return upper * total / normaliser
-
-
-def _mixture_median(model: NotMIWAE, alpha: torch.Tensor, params: Params, cols: torch.Tensor,
-                    observed: torch.Tensor, offset: torch.Tensor | None, iterations: int = 40) -> torch.Tensor:
-    """Solve Σ_k α_k F(x | z_k) = 0.5 for each target: alpha (B, K), params (B, K, T, ...), offset (B, K)
-    or None -> (B, T)."""
-    decoder = model.decoder
-
-    def mixture_cdf(x: torch.Tensor) -> torch.Tensor:
-        return (alpha[:, :, None] * _component_cdf(model, params, cols, observed, offset, x[:, None, :])).sum(1)
-
-    support = getattr(decoder, "support", None)
-    if support is not None:
-        cdf = torch.stack([mixture_cdf(torch.full(cols.shape, float(level), device=cols.device))
-                           for level in support], dim=-1)
-        return support[(cdf < 0.5 - 1e-6).sum(-1).clamp(max=len(support) - 1)]
-    # bracket: the decoder's components' medians (their means, for symmetric components), widened by
-    # a few scales so that tilted components stay inside
-    centres = decoder.mean(params).masked_fill(alpha[:, :, None] <= 0, float("nan"))
-    spread = 8 * params[1].amax(1) if len(params) > 1 else 0.0
-    lo = torch.nan_to_num(centres, nan=float("inf")).amin(1) - spread
-    hi = torch.nan_to_num(centres, nan=float("-inf")).amax(1) + spread
-    for _ in range(iterations):
-        mid = 0.5 * (lo + hi)
-        below = mixture_cdf(mid) < 0.5
-        lo, hi = torch.where(below, mid, lo), torch.where(below, hi, mid)
-    return 0.5 * (lo + hi)
 
 
 def _weighted_median(alpha: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -244,7 +139,11 @@ def impute(model: NotMIWAE, data: "np.ndarray | sp.spmatrix | RowSource", rows: 
         if rows is not None or cols is not None:
             raise ValueError("give both rows and cols, or neither")
         rows, cols = _all_missing(source)
-    rows, cols = np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)
+    rows, cols = np.asarray(rows), np.asarray(cols)
+    for name, ids in (("rows", rows), ("cols", cols)):
+        if ids.size and ids.dtype.kind not in "iu":  # a cast would truncate 0.9 to row 0 without a word
+            raise ValueError(f"{name} must be integer indices, got dtype {ids.dtype}")
+    rows, cols = rows.astype(np.int64), cols.astype(np.int64)
     if rows.shape != cols.shape or rows.ndim != 1:
         raise ValueError(f"rows and cols must be 1-d arrays of one length, got shapes {rows.shape}, {cols.shape}")
     if rows.size and (rows.min() < 0 or rows.max() >= source.n_rows or cols.min() < 0
@@ -253,9 +152,14 @@ def impute(model: NotMIWAE, data: "np.ndarray | sp.spmatrix | RowSource", rows: 
     if _averages_draws(model, config) and getattr(model.decoder, "support", None) is not None:
         raise ValueError(f"sampled_imputation='draws' needs a continuous decoder: {type(model.decoder).__name__}'s "
                          "draws are relaxed, off its levels")
-    torch.manual_seed(config.seed)
     device = resolve_device(config.device)
     model.to(device).eval()
+    with seeded(config.seed, device):
+        return _impute_targets(model, source, rows, cols, methods, config, device)
+
+
+def _impute_targets(model: NotMIWAE, source: RowSource, rows: np.ndarray, cols: np.ndarray,
+                    methods: tuple[str, ...], config: ImportanceConfig, device: torch.device) -> Imputation:
     order, indptr = _targets_per_row(rows, cols, source.n_rows)
     cols_sorted = cols[order]
     results = {m: np.zeros(rows.size) for m in ("mean", "median")}
@@ -308,6 +212,13 @@ def _averages_draws(model: NotMIWAE, config: ImportanceConfig) -> bool:
             and config.sampled_imputation == "draws")
 
 
+def _draws_are_values(model: NotMIWAE) -> bool:
+    """Whether the bound draws x_m,k that are values of the data: x_m sampled for a missing model, from a
+    continuous decoder (a discrete decoder's draws are relaxed, off its levels)."""
+    return (model.missing_factor == "sampled" and not model.missing_model.is_mcar
+            and getattr(model.decoder, "support", None) is None)
+
+
 def _at_observed_targets(from_draws: torch.Tensor | None, observed: torch.Tensor,
                          from_decoder: Callable[[], torch.Tensor]) -> torch.Tensor:
     """The estimate from the drawn x_m,k, with the decoder's in its place at observed targets (which have no
@@ -323,6 +234,10 @@ def _impute_chunk(model: NotMIWAE, batch: RowBatch, cols: torch.Tensor, methods:
                   config: ImportanceConfig) -> dict[str, np.ndarray]:
     observed = batch.mask.gather(1, cols)
     use_draws = _averages_draws(model, config)
+    # multiple imputation resamples the (z_k, x_m,k) pairs the weights were computed with, whatever
+    # sampled_imputation says: a fresh x_m given the picked z_k would ignore the mask
+    resample_draws = "multiple" in methods and _draws_are_values(model)
+    keep_drawn = use_draws or resample_draws
     keep_all = "median" in methods or "multiple" in methods
     running_max = torch.full((batch.n_rows,), -float("inf"), device=batch.obs_value.device)
     weight_sum = torch.zeros_like(running_max)
@@ -332,15 +247,15 @@ def _impute_chunk(model: NotMIWAE, batch: RowBatch, cols: torch.Tensor, methods:
     for k in _sample_counts(model, batch, config, cols.numel()):
         samples = model.sample(batch, k, targets=cols)
         log_w, offset, targets = samples.terms.log_weights, samples.offset, samples.params
-        drawn = samples.completed if use_draws else None  # the x_m,k the weights were computed with (B, K, T)
+        drawn = samples.completed if keep_drawn else None  # the x_m,k the weights were computed with (B, K, T)
         new_max = torch.maximum(running_max, log_w.amax(1))
         rescale = torch.exp(running_max - new_max)
         w = torch.exp(log_w - new_max[:, None])
         weight_sum = weight_sum * rescale + w.sum(1)
         weight_sq_sum = weight_sq_sum * rescale ** 2 + (w ** 2).sum(1)
         if "mean" in methods:
-            conditional = _at_observed_targets(drawn, observed[:, None],
-                                               lambda: _conditional_mean(model, targets, cols, observed, offset))
+            conditional = _at_observed_targets(drawn if use_draws else None, observed[:, None],
+                                               lambda: conditional_mean(model, targets, cols, observed, offset))
             mean_sum = mean_sum * rescale[:, None] + (w[:, :, None] * conditional).sum(1)
         running_max = new_max
         if keep_all:
@@ -355,10 +270,10 @@ def _impute_chunk(model: NotMIWAE, batch: RowBatch, cols: torch.Tensor, methods:
         alpha = torch.softmax(torch.cat(kept_log_w, 1), dim=1)
         params = tuple(torch.cat(parts, 1) for parts in zip(*kept_params))
         offset = None if model.row_offset is None else torch.cat(kept_offsets, 1)
-        drawn = torch.cat(kept_drawn, 1) if use_draws else None
+        drawn = torch.cat(kept_drawn, 1) if keep_drawn else None
         if "median" in methods:
             median = _at_observed_targets(_weighted_median(alpha, drawn) if use_draws else None, observed,
-                                          lambda: _mixture_median(model, alpha, params, cols, observed, offset))
+                                          lambda: mixture_median(model, alpha, params, cols, observed, offset))
             out["median"] = median.cpu().numpy()
         if "multiple" in methods:
             picks = torch.multinomial(alpha, config.n_imputations, replacement=True)  # (B, M)
@@ -366,8 +281,8 @@ def _impute_chunk(model: NotMIWAE, batch: RowBatch, cols: torch.Tensor, methods:
             chosen = tuple(t[rows, picks] for t in params)
             chosen_offset = None if offset is None else offset[rows, picks]
             # sampling-importance-resampling: the picked x_m,k themselves, or draws given the picked z_k
-            draws = _at_observed_targets(drawn[rows, picks] if use_draws else None, observed[:, None],
-                                         lambda: _posterior_draws(model, chosen, cols, observed, chosen_offset))
+            draws = _at_observed_targets(drawn[rows, picks] if resample_draws else None, observed[:, None],
+                                         lambda: Posterior(model, chosen, cols, observed, chosen_offset).sample())
             out["multiple"] = draws.permute(1, 0, 2).cpu().numpy()
     return out
 
@@ -378,9 +293,14 @@ def log_likelihood(model: NotMIWAE, data: "np.ndarray | sp.spmatrix | RowSource"
     """Importance-sampling estimate of log p(x_o, s) per row (log p(x_o) for the MIWAE)."""
     config = config or ImportanceConfig()
     source = prepare_rows(model, data)
-    torch.manual_seed(config.seed)
     device = resolve_device(config.device)
     model.to(device).eval()
+    with seeded(config.seed, device):
+        return _log_likelihood_rows(model, source, config, device)
+
+
+def _log_likelihood_rows(model: NotMIWAE, source: RowSource, config: ImportanceConfig,
+                         device: torch.device) -> np.ndarray:
     out = np.zeros(source.n_rows)
     bar = tqdm(total=source.n_rows, disable=not config.progress, desc="log-likelihood", mininterval=0.5)
     for start in range(0, source.n_rows, config.row_chunk):

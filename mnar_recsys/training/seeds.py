@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import numpy as np
 import torch
 
@@ -18,3 +21,13 @@ def step_seed(seed: int, *path: int) -> None:
     torch.default_generator.manual_seed(value)
     if torch.cuda.is_initialized():
         torch.cuda.manual_seed_all(value)
+
+
+@contextmanager
+def seeded(seed: int, device: torch.device) -> Iterator[None]:
+    """torch.manual_seed(seed) for the block, and the caller's random state (the CPU's and that of `device`,
+    when a GPU) as it was afterwards."""
+    cuda = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
+        torch.manual_seed(seed)
+        yield

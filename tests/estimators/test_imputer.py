@@ -114,6 +114,21 @@ def test_n_init_never_keeps_a_nan_score_over_a_number(self_masked, monkeypatch, 
     np.testing.assert_array_equal(imputer.init_scores_, scores)
 
 
+def test_a_failed_refit_leaves_the_last_fit_whole(self_masked, monkeypatch):
+    """The standardisation of the new data must not sit beside the old model: transform would then mix them."""
+    _, _, Xm = self_masked
+    imputer = NotMIWAEImputer(**TINY).fit(Xm)
+    before = imputer.transform(Xm)
+
+    def failing_fit(*args, **kwargs):
+        raise RuntimeError("training failed")
+
+    monkeypatch.setattr("mnar_recsys.estimators.imputer.fit", failing_fit)
+    with pytest.raises(RuntimeError, match="training failed"):
+        imputer.fit(100 + 10 * Xm)
+    np.testing.assert_array_equal(imputer.transform(Xm), before)
+
+
 def test_bad_input(self_masked):
     _, _, Xm = self_masked
     with pytest.raises(NotFittedError):

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from mnar_recsys.data.rows import as_rows
-from mnar_recsys.inference.importance import ImportanceConfig, _mixture_median, impute
+from mnar_recsys.inference.importance import ImportanceConfig, impute
+from mnar_recsys.inference.tilt import mixture_median
 from mnar_recsys.models.config import ModelConfig, build_model
 
 N_FEATURES, LATENT, VARIANCE = 5, 2, 0.3
@@ -92,7 +93,7 @@ def test_mixture_median_lies_between_component_medians_and_halves_the_mass():
     scale = 0.2 + torch.rand(4, 6, 3)
     alpha = torch.softmax(torch.randn(4, 6), dim=1)
     cols = torch.arange(3).expand(4, 3)
-    median = _mixture_median(model, alpha, (loc, scale), cols, torch.zeros(4, 3), None)
+    median = mixture_median(model, alpha, (loc, scale), cols, torch.zeros(4, 3), None)
     assert ((median >= loc.amin(1)) & (median <= loc.amax(1))).all()
     mass = (alpha[:, :, None] * model.decoder.cdf((loc, scale), median[:, None, :])).sum(1)
     torch.testing.assert_close(mass, torch.full_like(mass, 0.5), rtol=0, atol=1e-4)
@@ -186,6 +187,54 @@ def test_imputation_finds_the_posterior_given_the_mask():
     assert mixed.mean[1] == paper.mean[1] and np.all(np.abs(mixed.mean[[0, 2]] - paper.mean[[0, 2]]) > 0.3)
 
 
+def _z_free_self_masking(slope: float, threshold: float, missing_factor: str = "integrated"):
+    """A decoder that ignores z, x_j ~ N(0, 1), and Pr(s_j = 0 | x_j) = σ(slope (x_j - threshold)); with the exact
+    mean and median of a missing x_j's posterior, N(0, 1) tilted by that, on a fine grid."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(n_features=3, latent_dim=2, encoder="mlp", activation="tanh", decoder="gaussian",
+                                    decoder_hidden=(4,), squash=None, missing="self-masking-known", missing_sign=-1,
+                                    missing_factor=missing_factor)).eval()
+    with torch.no_grad():
+        model.decoder.mean_head.weight.zero_()
+        model.decoder.mean_head.bias.zero_()
+        model.decoder.raw_var.fill_(math.log(math.expm1(1 - model.decoder.min_variance)))  # variance 1
+        model.missing_model.raw_weight.fill_(math.log(math.expm1(slope)))
+        model.missing_model.offset.fill_(threshold)
+    grid = np.linspace(-12, 12, 400_001)
+    density = np.exp(-grid ** 2 / 2) * 0.5 * (1 + np.tanh(slope * (grid - threshold) / 2))  # σ without overflow
+    cdf = np.cumsum(density) / density.sum()
+    return model, (grid * density).sum() / density.sum(), grid[np.searchsorted(cdf, 0.5)]
+
+
+@pytest.mark.parametrize("slope, threshold", [(20.0, 1.5), (5.0, 3.0), (50.0, 0.0)])
+def test_median_and_draws_follow_a_steep_tilt(slope, threshold):
+    """A steep missing process is a near step in the posterior: one 8-point rule over the line put the median
+    of (20, 1.5) at 8.00 (exact 1.83) and left 52% of the draws of (3, 3) untilted after 200 rejection rounds.
+    The median (exact to 0.005) and the draws (to Monte Carlo error) now follow the exact posterior."""
+    model, exact_mean, exact_median = _z_free_self_masking(slope, threshold)
+    data = np.random.default_rng(0).normal(size=(4, 3))
+    data[:, 0] = np.nan
+    result = impute(model, data, methods=("median", "multiple"),
+                    config=ImportanceConfig(n_samples=20, n_imputations=5000, seed=0))
+    print(f"exact mean {exact_mean:.3f}, median {exact_median:.3f}; median {result.median.round(3)}, draws' mean "
+          f"{result.draws.mean():.3f}, median {np.median(result.draws):.3f}")
+    np.testing.assert_allclose(result.median, exact_median, atol=0.005)
+    assert abs(result.draws.mean() - exact_mean) < 0.03 and abs(np.median(result.draws) - exact_median) < 0.03
+
+
+def test_multiple_imputation_with_x_m_sampled_resamples_the_drawn_values():
+    """With x_m sampled, multiple imputation resamples the (z_k, x_m,k) pairs the weights were computed with, a
+    draw from p(x_m | x_o, s), also under sampled_imputation='decoder-mean': a fresh x_m given the picked z_k
+    ignored the mask (draws' mean 0.02 where the posterior's is 0.61)."""
+    model, exact_mean, _ = _z_free_self_masking(2.0, 0.0, missing_factor="sampled")
+    data = np.random.default_rng(0).normal(size=(10, 3))
+    data[:, 0] = np.nan
+    result = impute(model, data, methods=("mean", "multiple"),
+                    config=ImportanceConfig(n_samples=4000, n_imputations=500, seed=0))
+    assert np.abs(result.mean).max() < 1e-6  # the decoder mean under the weights, as the paper's code
+    assert abs(result.draws.mean() - exact_mean) < 0.03
+
+
 def test_draws_are_refused_for_a_discrete_decoder():
     """A categorical decoder's sampled x_m are Gumbel-Softmax relaxations, off its levels: no imputation from them."""
     model = build_model(ModelConfig(n_features=4, latent_dim=2, embedding_dim=4, code_dim=8, decoder="categorical",
@@ -255,3 +304,16 @@ def test_imputation_tilts_by_the_row_offset_of_each_sample(decoder):
     expected_median = support[(tilted.cumsum(-1) < 0.5).sum(-1)][r, c]
     np.testing.assert_allclose(result.median, expected_median, atol=0 if decoder == "categorical" else tolerance)
     np.testing.assert_allclose(result.draws.mean(0), expected_mean, atol=0.1)
+
+
+def test_targets_must_be_integers_and_the_callers_random_state_is_left_alone(ppca):
+    """A float index would be truncated (0.9 to row 0) without a word; and imputing with its own seed does not
+    move the caller's torch random stream."""
+    model, rows, _ = ppca
+    with pytest.raises(ValueError, match="rows must be integer indices, got dtype float64"):
+        impute(model, rows, np.array([0.9]), np.array([1]), config=ImportanceConfig(n_samples=5))
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    impute(model, rows, config=ImportanceConfig(n_samples=5, seed=0))
+    torch.testing.assert_close(torch.rand(3), expected)
