@@ -88,6 +88,13 @@ class RecommenderConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def as_fitted(self, n_features: int) -> dict[str, Any]:
+        """The config as a fit on `n_features` items uses it, for results: every ModelConfig field, not only
+        the ones set, and the one seed in place of those of ``train`` and ``importance``."""
+        return {**self.to_dict(), "model": self.model_config(n_features).to_dict(),
+                "train": asdict(replace(self.train, seed=self.seed)),
+                "importance": asdict(replace(self.importance, seed=self.seed))}
+
 
 class NotMIWAERecommender:
     """A (not-)MIWAE fitted to a users x items rating matrix (Recommender protocol)."""

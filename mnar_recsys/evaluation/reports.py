@@ -91,6 +91,13 @@ def atomic_directory(directory: str | Path) -> Iterator[Path]:
         raise
 
 
+def remove_previous(out: str | Path, names: tuple[str, ...]) -> None:
+    """Delete an earlier run's files `names` from `out` before a run that rewrites them: a run that writes its
+    results as it goes, or that makes fewer figures, would otherwise leave them beside its own."""
+    for name in names:
+        (Path(out) / name).unlink(missing_ok=True)
+
+
 def write_atomic(path: str | Path, text: str) -> Path:
     """Write `text` to `path` atomically."""
     with atomic_path(path) as tmp:

@@ -101,7 +101,7 @@ class SelfMaskingKnownSign(MissingModel):
     per_feature = True
     affine = True
 
-    def __init__(self, n_features: int, sign: int = -1):
+    def __init__(self, n_features: int, sign: int):
         super().__init__()
         if sign not in (-1, 1):
             raise ValueError(f"sign must be -1 or +1, got {sign}")
@@ -132,6 +132,8 @@ class ItemwiseLogistic(MissingModel):
         super().__init__()
         if sign not in (-1, 1, None):
             raise ValueError(f"sign must be -1, +1 or None, got {sign}")
+        if sign is not None and initial_weight == 0:  # softplus(v) = 0 needs v = -inf, where no gradient flows
+            raise ValueError("a sign-constrained weight cannot start at 0: give initial_weight a magnitude")
         self.sign = sign
         start = initial_weight if sign is None else float(np.log(np.expm1(abs(initial_weight))))
         self.raw_weight = nn.Parameter(torch.tensor(start))
@@ -182,7 +184,7 @@ class LevelwiseLogistic(MissingModel):
         position = (x - self.lo).clamp(0, self.n_levels - 1)
         left = position.detach().floor().clamp(max=self.n_levels - 2).long()
         fraction = position - left
-        return torch.lerp(take(g, left), take(g, left + 1), fraction)
+        return torch.lerp(take(g, left), take(g, left + 1), fraction.to(g.dtype))  # lerp takes one dtype
 
     def feature_logits(self, x: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         return self.value_logits(x) + take(self.bias, features)
@@ -240,7 +242,11 @@ class Nonlinear(MissingModel):
 
     def initialise(self, observed_fraction: np.ndarray, center: float) -> None:
         with torch.no_grad():
-            self.net[-1].bias.copy_(_logit(observed_fraction, self.net[-1].bias))
+            last = self.net[-1]
+            # what the network adds to the last bias at a row of centre values, which the bias then offsets
+            row = torch.full((1, last.out_features), center, dtype=last.bias.dtype, device=last.bias.device)
+            at_center = self.net(row)[0] - last.bias
+            last.bias.copy_(_logit(observed_fraction, last.bias) - at_center)
 
 
 class FixedLogistic(MissingModel):

@@ -24,12 +24,13 @@ from baselines.base import Recommender
 from baselines.registry import BASELINES, make_baseline
 from mnar_recsys.data import RatingsData, SimulatorConfig, load_coat, load_yahoo_r3, simulate_ratings
 from mnar_recsys.data.simulator import SELECTIONS
-from mnar_recsys.devices import DEVICES
+from mnar_recsys.devices import DEVICES, resolve_device
 from mnar_recsys.estimators.recommender import VARIANTS, NotMIWAERecommender, OracleRecommender, make_recommender
 from mnar_recsys.evaluation import plots
 from mnar_recsys.evaluation.metrics import mae, mse
 from mnar_recsys.evaluation.protocol import MCARSplit, fit_and_score, mcar_split
-from mnar_recsys.evaluation.reports import markdown_table, provenance, summarise, write_atomic, write_json
+from mnar_recsys.evaluation.reports import (markdown_table, provenance, remove_previous, summarise, write_atomic,
+                                           write_json)
 from mnar_recsys.inference.importance import ImportanceConfig
 from mnar_recsys.pipelines.arguments import check_counts
 from mnar_recsys.pipelines.workers import run_tasks
@@ -42,6 +43,7 @@ DEFAULT_MODELS = ("notmiwae-gaussian", "notmiwae-categorical", "notmiwae-categor
                   "pmf", "mf-ips")
 UNSEEDED = frozenset({"constant-2", "train-mean"})  # deterministic baselines: no seed argument
 ESTIMATOR_MODEL = "notmiwae-gaussian"  # the model the --estimator-k study re-imputes
+OUTPUTS = ("results.json", "results.md", "predictions_histogram.png", "per_rating_mse.png", "training_curves.png")
 # Smaller than Yahoo! R3 (15,400 x 1,000) so that the default synthetic run is feasible on a CPU.
 SYNTHETIC_USERS, SYNTHETIC_ITEMS = 2_000, 200
 
@@ -85,14 +87,24 @@ class RatingsRun:
             raise ValueError(f"unknown models {unknown}; choose from {', '.join(sorted(known))}")
         if "oracle" in self.models and self.data != "synthetic":
             raise ValueError("the oracle is only known on --data synthetic")
+        if self.data == "synthetic" and self.data_dir:
+            raise ValueError("--data synthetic reads no files: leave out --data-dir, or choose --data coat or yahoo")
         if not self.seeds:
             raise ValueError("give at least one seed")
+        if min(self.seeds) < 0 or self.data_seed < 0:
+            raise ValueError(f"--seeds and --data-seed must be non-negative, got {self.seeds} and {self.data_seed}")
+        if not self.lr > 0:
+            raise ValueError(f"--lr must be positive, got {self.lr}")
+        if not 0 <= self.validation_fraction < 1:
+            raise ValueError(f"--validation-fraction must lie in [0, 1), got {self.validation_fraction}")
         for label, values in (("--models", self.models), ("--seeds", self.seeds)):
             repeated = sorted({v for v in values if values.count(v) > 1}, key=str)
             if repeated:
                 raise ValueError(f"{label} names {', '.join(map(str, repeated))} more than once")
         if any(k < 1 for k in self.estimator_k):
             raise ValueError(f"--estimator-k values must be positive, got {self.estimator_k}")
+        if self.estimator_k and ESTIMATOR_MODEL not in self.models:
+            raise ValueError(f"--estimator-k re-imputes {ESTIMATOR_MODEL}: add it to --models")
         if self.unobserved_samples is not None and self.unobserved_samples < 1:
             raise ValueError(f"--unobserved-samples must be at least 1, got {self.unobserved_samples}")
         check_counts(self, dict.fromkeys(("iterations", "batch_size", "importance_samples", "users", "items", "jobs"), 1))
@@ -141,14 +153,16 @@ def build(name: str, run: RatingsRun, data: RatingsData, seed: int, progress: bo
 
 
 def run_settings(run: RatingsRun) -> dict[str, Any]:
-    """The run's configuration, and how many processes train together, for the results."""
-    return {**asdict(run), "processes": distributed.world_size()}
+    """The run's configuration, how many processes train together, the device `auto` chose and the CPU threads
+    (a seed repeats a run bit for bit at a fixed number of threads), for the results."""
+    return {**asdict(run), "processes": distributed.world_size(), "device_used": str(resolve_device(run.device)),
+            "threads": torch.get_num_threads() if run.jobs == 1 else 1}
 
 
-def model_settings(model: Recommender) -> dict[str, Any]:
+def model_settings(model: Recommender, n_items: int) -> dict[str, Any]:
     """The model's own configuration, for the results record."""
     if isinstance(model, NotMIWAERecommender):
-        return model.config.to_dict()
+        return model.config.as_fitted(n_items)
     config = getattr(model, "config", None)
     return asdict(config) if is_dataclass(config) else {}
 
@@ -189,7 +203,7 @@ def fit_one(run: RatingsRun, seed: int, name: str, progress: bool) -> tuple[dict
     split = mcar_split(data, seed)
     model = build(name, run, data, seed, progress)
     record, predicted = fit_and_score(model, split)
-    record["config"] = {"run": run_settings(run), "model": model_settings(model)}
+    record["config"] = {"run": run_settings(run), "model": model_settings(model, data.n_items)}
     studied = []
     if isinstance(model, NotMIWAERecommender):
         record["training_curve"] = {"bound": model.history.bound, "validation": model.history.validation}
@@ -213,6 +227,7 @@ def run_ratings(run: RatingsRun, progress: bool = True) -> dict[str, Any]:
             if isinstance(model, NotMIWAERecommender):
                 model.fit(mcar_split(data, seed).train)
         return {}
+    remove_previous(out, OUTPUTS)
     order = {task[1:3]: position for position, task in enumerate(tasks)}
     records, estimator, predictions, finished = [], [], {}, {}
     results = {"data": describe(data), "config": run_settings(run), "provenance": provenance(), "records": records,
@@ -300,7 +315,10 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def _names(text: str) -> tuple[str, ...]:
-    return tuple(v.strip() for v in text.split(",") if v.strip())
+    names = tuple(v.strip() for v in text.split(",") if v.strip())
+    if not names:  # an empty list would quietly run the default models
+        raise argparse.ArgumentTypeError(f"expected comma-separated model names, got {text!r}")
+    return names
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -356,6 +374,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.threads is not None:
         if args.threads < 1:
             raise ValueError(f"--threads must be at least 1, got {args.threads}")
+        if args.jobs > 1:
+            raise ValueError("--threads sets this process's threads; the --jobs workers take one thread each")
         torch.set_num_threads(args.threads)
     run = RatingsRun(data=args.data, data_dir=args.data_dir, models=args.models, seeds=args.seeds, out=args.out,
                      iterations=args.iterations, batch_size=args.batch_size, lr=args.lr,

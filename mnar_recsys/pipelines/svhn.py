@@ -61,14 +61,15 @@ class SVHNConfig:
         check_counts(self, {**dict.fromkeys(("iterations", "refit_iterations", "batch_size", "n_samples",
                                              "importance_samples", "ll_samples"), 1), "n_train": 0, "n_test": 0})
         check_device_name(self.device)
+        self.channels()  # a bad --conv-channels is refused now, not after the images are loaded
 
     def channels(self) -> tuple[int, ...]:
         try:
             channels = tuple(int(c) for c in self.conv_channels.split(","))
         except ValueError:
-            raise ValueError(f"conv_channels must be comma-separated integers, got {self.conv_channels!r}") from None
+            raise ValueError(f"--conv-channels must be comma-separated integers, got {self.conv_channels!r}") from None
         if not channels or min(channels) < 1:
-            raise ValueError(f"conv_channels must be positive integers, got {self.conv_channels!r}")
+            raise ValueError(f"--conv-channels must be positive integers, got {self.conv_channels!r}")
         return channels
 
 
@@ -95,6 +96,9 @@ def load_images(data_dir: str | None, config: SVHNConfig) -> tuple[np.ndarray, n
         return train, test, f"svhn:{data_dir}"
     n_test = config.n_test or 297
     n_train = config.n_train or 1797 - n_test
+    if n_train + n_test > 1797:
+        raise ValueError(f"the digits stand-in has 1,797 images: --n-train {n_train} and --n-test {n_test} ask for "
+                         f"{n_train + n_test}")
     images = digits_stand_in(n_train + n_test, seed=config.seed)
     return images[:n_train], images[n_train:], "digits-stand-in"
 

@@ -24,7 +24,8 @@ from mnar_recsys.data.uci import UCI_DATASETS, UCI_NAMES, load_uci, paper_datase
 from mnar_recsys.estimators.imputer import NotMIWAEImputer
 from mnar_recsys.evaluation import plots
 from mnar_recsys.evaluation.metrics import imputation_rmse
-from mnar_recsys.evaluation.reports import markdown_table, provenance, summarise, write_atomic, write_json
+from mnar_recsys.evaluation.reports import (markdown_table, provenance, remove_previous, summarise, write_atomic,
+                                           write_json)
 from mnar_recsys.inference.importance import SAMPLED_IMPUTATIONS, check_sampled_imputation
 from mnar_recsys.pipelines.workers import run_tasks
 
@@ -213,10 +214,14 @@ def run_uci(datasets: list[str], models: list[str], config: UCIConfig, out: Path
     unknown = sorted(set(models) - set(MODELS))
     if unknown:
         raise ValueError(f"unknown model(s) {unknown}; choose from {', '.join(MODELS)}")
+    repeated = sorted({m for m in models if models.count(m) > 1})
+    if repeated:  # each would run again on the same seeds and count as more runs
+        raise ValueError(f"--models names {', '.join(repeated)} more than once")
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
     data = {name: masked_dataset(load_uci(name, data_dir), config.offset) for name in datasets}  # fail early
     meta = {"provenance": provenance(), "protocol": asdict(config), "data_dir": data_dir, "jobs": jobs}
+    remove_previous(out, ("results.json", "results.md", "rmse.png"))
     keys = [(name, model, run) for name in data for model in models for run in range(config.runs)]
     order = {key: position for position, key in enumerate(keys)}
     tasks = [(name, model, *data[name], run, config, progress and jobs == 1) for name, model, run in keys]

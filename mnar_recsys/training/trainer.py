@@ -30,7 +30,7 @@ class TrainConfig:
     """iterations: gradient steps; batch_size: rows per step (the global batch, over all processes);
     n_samples: K; lr: Adam's step size; seed: seeds batch order and sampling; device: 'auto' (CUDA when
     available), 'cpu' or 'cuda', resolved when training starts; progress: show a tqdm bar;
-    log_every: iterations between entries of the returned history (running mean of the bound);
+    log_every: iterations between entries of the returned history (the bound's moving average, decay 0.98);
     validation_fraction: share of rows held out to select the iteration with the best held-out bound
     (0: train on all rows for all iterations); validation_every: iterations between those checks;
     shards: each batch is cut into this many shards, each with its own noise seeded by (seed,
@@ -66,7 +66,7 @@ class TrainConfig:
 
 @dataclass
 class History:
-    """bound: (iteration, running mean of L_K per row) pairs; validation: (iteration, mean L_K on the
+    """bound: (iteration, moving average of L_K per row, decay 0.98 from the first step) pairs; validation: (iteration, mean L_K on the
     held-out rows) pairs; best_iteration: the iteration whose parameters were kept (None: the last)."""
 
     bound: list[tuple[int, float]] = field(default_factory=list)

@@ -13,6 +13,7 @@ from mnar_recsys.cli import main
 from mnar_recsys.data import load_coat
 from mnar_recsys.data.files import ChecksumWarning
 from mnar_recsys.data.yahoo import TEST_FILE as YAHOO_TEST, TRAIN_FILE as YAHOO_TRAIN
+from mnar_recsys.devices import resolve_device
 from mnar_recsys.evaluation.protocol import fit_and_score, mcar_split
 from mnar_recsys.pipelines.ratings import RatingsRun, build, load_data
 
@@ -67,6 +68,27 @@ def test_cli_refuses_bad_requests(tmp_path, capsys):
     assert "--seeds names 0 more than once" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("arguments, message", [
+    (["--lr", "-1"], "--lr must be positive, got -1.0"),
+    (["--validation-fraction", "1.5"], r"--validation-fraction must lie in [0, 1), got 1.5"),
+    (["--seeds", "0,-1"], "--seeds and --data-seed must be non-negative"),
+    (["--data-seed", "-2"], "--seeds and --data-seed must be non-negative"),
+    (["--data-dir", "/nonexistent"], "--data synthetic reads no files"),
+    (["--models", ","], "expected comma-separated model names, got ','"),
+    (["--models", "mf", "--estimator-k", "10"], "--estimator-k re-imputes notmiwae-gaussian: add it to --models"),
+    (["--jobs", "2", "--threads", "2"], "the --jobs workers take one thread each"),
+])
+def test_cli_refuses_options_it_would_ignore_or_misuse_before_any_work(tmp_path, capsys, arguments, message):
+    """Each of these once ran (MF with --lr -1 wrote results recording it; --models , ran the default list), or
+    failed after other models had been fitted and written, with a message that named no option."""
+    try:
+        code = main(["ratings", *arguments, "--out", str(tmp_path / "bad")])
+    except SystemExit as exit:  # argparse's own refusal of an option's text
+        code = exit.code
+    assert code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
+
+
 def test_every_model_predicts_on_the_data_sets_rating_scale():
     """A data set rated 0..10 (the simulator's ratings doubled) sets every model's rating scale: the
     predictions stay within 0..10 and reach past 5, the top of the default scale."""
@@ -107,6 +129,16 @@ def small_run(out: Path, *options: str) -> int:
     """`mnar-recsys ratings` on 300 x 60 synthetic ratings, seed 0, K_pred 20, with `options` added."""
     return main(["ratings", "--users", "300", "--items", "60", "--importance-samples", "20", "--seeds", "0",
                  *options, "--out", str(out), "--no-progress"])
+
+
+def test_a_rerun_into_the_same_folder_leaves_no_figure_of_the_earlier_run(tmp_path):
+    out = tmp_path / "run"
+    assert small_run(out, "--iterations", "5", "--models", "notmiwae-gaussian") == 0
+    assert (out / "training_curves.png").exists()
+    (out / "notes.txt").write_text("mine")
+    assert small_run(out, "--models", "mf") == 0
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "per_rating_mse.png", "predictions_histogram.png",
+                                                     "results.json", "results.md"]
 
 
 def test_cli_validation_fraction_records_the_kept_iteration(tmp_path):
@@ -163,6 +195,11 @@ def test_cli_unobserved_samples_is_recorded(tmp_path, capsys):
     record = json.loads((out / "results.json").read_text())["records"][0]
     assert record["config"]["run"]["unobserved_samples"] == 7
     assert record["config"]["model"]["model"]["unobserved_samples"] == 7
+    # the whole model as fitted, not only the variant's settings, with the seed that drew its numbers
+    assert record["config"]["model"]["model"]["latent_dim"] == 30 and record["config"]["model"]["model"]["n_features"]
+    assert record["config"]["model"]["train"]["seed"] == record["config"]["model"]["importance"]["seed"] == 0
+    assert record["config"]["run"]["device_used"] == str(resolve_device("auto"))
+    assert record["config"]["run"]["threads"] >= 1
     assert "7 unobserved items per user" in (out / "results.md").read_text()
     assert main(["ratings", "--unobserved-samples", "0", "--out", str(tmp_path)]) == 2
     assert "--unobserved-samples must be at least 1" in capsys.readouterr().err

@@ -51,8 +51,12 @@ def test_bad_inputs(tmp_path, capsys):
     assert "no variable 'X'" in capsys.readouterr().err
     assert main(["svhn", "--data", "svhn", "--out", str(tmp_path / "out")]) == 2
     assert "needs --data-dir" in capsys.readouterr().err
-    assert main(["svhn", "--conv-channels", "8,x", "--iterations", "1", "--out", str(tmp_path / "out")]) == 2
-    assert "comma-separated integers" in capsys.readouterr().err
+    # refused as the config is made, before the (missing) files are looked for
+    assert main(["svhn", "--data-dir", str(tmp_path / "none"), "--conv-channels", "8,x", "--out",
+                 str(tmp_path / "out")]) == 2
+    assert "--conv-channels must be comma-separated integers" in capsys.readouterr().err
+    assert main(["svhn", "--n-train", "5000", "--n-test", "16", "--out", str(tmp_path / "out")]) == 2
+    assert "1,797 images: --n-train 5000 and --n-test 16 ask for 5016" in capsys.readouterr().err
     # refused as the config is made, before the (missing) files are looked for
     assert main(["svhn", "--data-dir", str(tmp_path / "none"), "--ll-samples", "0", "--out", str(tmp_path / "out")]) == 2
     assert "--ll-samples must be at least 1, got 0" in capsys.readouterr().err

@@ -99,6 +99,13 @@ def test_one_process_runs_show_progress_bars_unless_told_not_to(tmp_path, capsys
     assert "training" not in err and "imputing" not in err
 
 
+def test_a_model_named_twice_is_an_error(tmp_path, capsys):
+    """It would run twice on the same seeds and count as two runs (mean 1.820 ± 0.000, n=2)."""
+    assert main(["uci", "--dataset", "breast", "--models", "mean", "ppca", "mean", "--out", str(tmp_path / "r")]) == 2
+    assert "--models names mean more than once" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
 def test_jobs_below_one_are_an_error(tmp_path, capsys):
     assert main(["uci", "--dataset", "breast", "--models", "mean", "--jobs", "0", "--out", str(tmp_path)]) == 2
     assert "jobs must be at least 1" in capsys.readouterr().err
