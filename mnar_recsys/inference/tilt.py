@@ -1,4 +1,5 @@
-"""One missing entry's posterior given a sample z_k and its mask bit: p(x_j | z_k, s_j) ∝ p(x_j | z_k) Pr(s_j | x_j, z_k).
+"""One missing entry's posterior given a sample z_k and its mask bit,
+p(x_j | z_k, s_j) ∝ p(x_j | z_k) Pr(s_j | x_j, z_k).
 
 With x_m integrated out of a per-feature missing model, the importance weights take Pr(s_j | z_k) exactly and
 each imputation is taken under this tilted decoder: its mean on the decoder's quadrature nodes (the nodes the
@@ -86,9 +87,10 @@ class Posterior:
         below = split[..., None] - (split - lo)[..., None] * steps
         above = split[..., None] + (hi - split)[..., None] * steps.flip(0)
         self.edges = torch.cat([below, split[..., None], above], dim=-1)  # (B, K, T, 2 * panels + 1)
-        panels = [self._integral(self.edges[..., i], self.edges[..., i + 1]) for i in range(self.edges.shape[-1] - 1)]
+        panels = [self._integral(a, b) for a, b in zip(self.edges[..., :-1].unbind(-1), self.edges[..., 1:].unbind(-1))]
         self.cumulative = torch.cumsum(torch.stack([torch.zeros_like(lo), *panels], dim=-1), dim=-1)
         self.total = self.cumulative[..., -1]
+
     def _accept(self, x: torch.Tensor, nodes: bool = False) -> torch.Tensor:
         """Pr(s_j | x_j, z_k) at values x (B, K, T), or (B, K, T, H) with nodes."""
         sign = self.sign[..., None] if nodes else self.sign

@@ -66,8 +66,9 @@ class TrainConfig:
 
 @dataclass
 class History:
-    """bound: (iteration, moving average of L_K per row, decay 0.98 from the first step) pairs; validation: (iteration, mean L_K on the
-    held-out rows) pairs; best_iteration: the iteration whose parameters were kept (None: the last)."""
+    """bound: (iteration, moving average of L_K per row, decay 0.98 from the first step) pairs; validation:
+    (iteration, mean L_K on the held-out rows) pairs; best_iteration: the iteration whose parameters were kept
+    (None: the last)."""
 
     bound: list[tuple[int, float]] = field(default_factory=list)
     validation: list[tuple[int, float]] = field(default_factory=list)
