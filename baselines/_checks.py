@@ -15,6 +15,13 @@ def check_ratings(train: sp.spmatrix, what: str = "train", keep_order: bool = Fa
     """
     if not sp.issparse(train):
         raise ValueError(f"{what} must be a scipy sparse matrix, got {type(train).__name__}")
+    if train.format != "csr":  # scipy's conversion to CSR adds up repeated entries and reorders the rest
+        if keep_order:
+            raise ValueError(f"{what} must be a CSR matrix when weights are given: they follow its stored order")
+        coo = train.tocoo()
+        keys = coo.row.astype(np.int64) * coo.shape[1] + coo.col
+        if np.unique(keys).size != keys.size:
+            raise ValueError(f"{what} stores duplicate (user, item) entries")
     csr = sp.csr_matrix(train, dtype=np.float64, copy=True)
     if not csr.has_canonical_format:
         if keep_order:

@@ -46,14 +46,3 @@ class TrainMean(ConstantPredictor):
         train = check_ratings(train)
         self.shape, self.value = train.shape, float(train.data.mean())
         return self
-
-
-class MCARMean(ConstantPredictor):
-    """Predict a mean measured elsewhere on MCAR data (e.g. a held-out MCAR sample) everywhere.
-
-    An oracle-flavoured reference: it uses MCAR information that the MNAR-only models never see,
-    so report which data ``value`` came from.
-    """
-
-    def __init__(self, value: float, rating_scale: tuple[float, float] | None = (1.0, 5.0)) -> None:
-        super().__init__(value, rating_scale, name="mcar-mean")

@@ -12,6 +12,7 @@ from sklearn.ensemble import RandomForestRegressor
 from sklearn.experimental import enable_iterative_imputer  # noqa: F401  (registers IterativeImputer)
 from sklearn.impute import IterativeImputer
 from sklearn.linear_model import BayesianRidge
+from sklearn.utils.validation import check_is_fitted
 
 from baselines._dense_checks import check_missing_data
 from baselines.lowrank_joint import LowRankJointImputer
@@ -28,6 +29,7 @@ class MeanImputer(TransformerMixin, BaseEstimator):
         return self
 
     def transform(self, X) -> np.ndarray:
+        check_is_fitted(self)
         X = check_missing_data(X, "MeanImputer", fitting=False, n_features=self.n_features_in_)
         return np.where(np.isnan(X), self.mean_, X)
 
@@ -47,6 +49,7 @@ class _IterativeBase(TransformerMixin, BaseEstimator):
         return self
 
     def transform(self, X) -> np.ndarray:
+        check_is_fitted(self)
         X = check_missing_data(X, type(self).__name__, fitting=False, n_features=self.n_features_in_)
         return self.imputer_.transform(X)
 

@@ -61,6 +61,9 @@ class IPSMatrixFactorization(MatrixFactorization):
             raise ValueError(f"propensity must be 'naive-bayes' or 'mask', got {propensity!r}")
         if propensity == "mask" and mcar_sample is not None:
             raise ValueError("the 'mask' variant uses no MCAR data; do not pass mcar_sample")
+        if mask_config is not None and mask_config.min_relative != min_relative:
+            raise ValueError(f"min_relative {min_relative} and mask_config.min_relative {mask_config.min_relative} "
+                             "differ: the mask model clips by its config's; give one")
         super().__init__(config, **overrides)
         self.propensity = propensity
         self.name = "mf-ips" if propensity == "naive-bayes" else "mf-ips-mask"
@@ -69,7 +72,7 @@ class IPSMatrixFactorization(MatrixFactorization):
         self.mask_config = mask_config or MaskPropensityConfig(min_relative=min_relative, seed=self.config.seed)
         self.train_propensities: np.ndarray | None = None
 
-    def fit(self, train: sp.csr_matrix, mcar_sample: sp.csr_matrix | None = None) -> "IPSMatrixFactorization":
+    def fit(self, train: sp.csr_matrix, *, mcar_sample: sp.csr_matrix | None = None) -> "IPSMatrixFactorization":
         """Estimate a propensity for every stored rating of ``train``, then fit MF with weights 1 / p.
 
         ``mcar_sample`` (Naive-Bayes variant only) overrides the one given to the constructor; it must

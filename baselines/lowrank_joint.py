@@ -11,6 +11,7 @@ from collections import deque
 
 import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.utils.validation import check_is_fitted
 
 from baselines._dense_checks import check_missing_data
 
@@ -38,8 +39,8 @@ class LowRankJointImputer(TransformerMixin, BaseEstimator):
         n_lambdas: int = 20,
         lambda_min_ratio: float = 1e-3,
         holdout: float = 0.05,
-        max_iter: int = 200,
-        tol: float = 1e-5,
+        max_iter: int = 3_000,
+        tol: float = 1e-10,
         random_state: int | None = None,
     ):
         self.standardize = standardize
@@ -92,6 +93,7 @@ class LowRankJointImputer(TransformerMixin, BaseEstimator):
         return self
 
     def transform(self, X) -> np.ndarray:
+        check_is_fitted(self)
         X = check_missing_data(X, "LowRankJointImputer", fitting=False, n_features=self.n_features_in_)
         Y, observed = self._joint(X)
         path = _soft_impute_path(Y, observed, self._ratios()[: self.best_index_ + 1], self.max_iter, self.tol)
@@ -103,8 +105,10 @@ class LowRankJointImputer(TransformerMixin, BaseEstimator):
 def _soft_impute_path(Y: np.ndarray, observed: np.ndarray, ratios: np.ndarray, max_iter: int, tol: float):
     """Yield the soft-impute completion of Y for lambda = ratio * sigma_max(Y zero-filled), warm-started.
 
-    Each lambda iterates Z <- SVT_lambda(P_obs(Y) + P_miss(Z)) until the relative change of Z falls
-    below ``tol``.
+    Each lambda iterates Z <- SVT_lambda(P_obs(Y) + P_miss(Z)) until ||Z_new - Z||^2 / ||Z||^2, the squared
+    relative change that R's softImpute measures too, falls below ``tol``. At R's default of 1e-5 the warm
+    started path took one or two steps a lambda at its small end and stopped 0.01 to 0.025 above the
+    converged imputation RMSE on five of the six UCI sets of the not-MIWAE paper's protocol.
     """
     Y = np.where(observed, Y, 0.0)
     lambda_max = np.linalg.norm(Y, ord=2)

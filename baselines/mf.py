@@ -107,7 +107,9 @@ class MatrixFactorization:
         return self
 
     def predict(self, users: np.ndarray, items: np.ndarray) -> np.ndarray:
-        """Predicted ratings for the (users[k], items[k]) pairs, clipped to ``rating_scale``."""
+        """Predicted ratings for the (users[k], items[k]) pairs, clipped to ``rating_scale``. A user or item
+        with no train rating keeps zero factors and bias, so it is predicted the train mean plus the other's
+        bias."""
         check_fitted(self, "user_factors")
         u, i = check_pairs(users, items, (len(self.user_bias), len(self.item_bias)))
         pred = (

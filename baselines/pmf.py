@@ -82,7 +82,8 @@ class ProbabilisticMF:
         return self
 
     def predict(self, users: np.ndarray, items: np.ndarray) -> np.ndarray:
-        """Predicted ratings for the (users[k], items[k]) pairs, clipped to ``rating_scale``."""
+        """Predicted ratings for the (users[k], items[k]) pairs, clipped to ``rating_scale``. A user or item
+        with no train rating keeps zero factors and is predicted the train mean."""
         check_fitted(self, "user_factors")
         u, i = check_pairs(users, items, (len(self.user_factors), len(self.item_factors)))
         pred = self.global_mean + np.einsum("kf,kf->k", self.user_factors[u], self.item_factors[i])

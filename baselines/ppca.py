@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.utils.validation import check_is_fitted
 
 from baselines._dense_checks import check_missing_data
 
@@ -21,8 +22,9 @@ class PPCAImputer(TransformerMixin, BaseEstimator):
     ``n_components`` is the latent size q (None: D - 1, as in the paper's PPCA). With ``standardize`` each
     feature is centred and scaled by its observed mean / sd before fitting, because the isotropic noise
     assumes comparable scales. EM stops after ``max_iter`` iterations or when the observed-data
-    log-likelihood improves by less than ``tol`` times its magnitude; ``loglik_`` records it per
-    iteration (in the scaled units).
+    log-likelihood improves by less than ``tol`` times its magnitude; ``loglik_[k]`` records it at the
+    parameters of the k-th E-step, i.e. before the k-th M-step (in the scaled units), so the fitted
+    parameters' own log-likelihood is one step beyond its last entry.
     """
 
     def __init__(self, n_components: int | None = None, max_iter: int = 300, tol: float = 1e-7,
@@ -77,6 +79,7 @@ class PPCAImputer(TransformerMixin, BaseEstimator):
         return W, mu, s2
 
     def transform(self, X) -> np.ndarray:
+        check_is_fitted(self)
         X = check_missing_data(X, "PPCAImputer", fitting=False, n_features=self.n_features_in_)
         X0, S = self._prepare(X)
         Ez, _, _ = _e_step(X0, S, self.components_, self.mu_, self.noise_variance_)

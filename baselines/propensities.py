@@ -108,8 +108,13 @@ def mask_propensities(train: sp.csr_matrix, config: MaskPropensityConfig | None 
 
     ``implicit``'s logistic MF is trained with negative sampling, so its scores rank cells but are not
     calibrated probabilities; a Platt scaling sigmoid(a * score + b), fitted on uniformly sampled cells
-    (whose labels are the mask itself), maps them to P(O=1). Needs no MCAR data. Clipped as described in
-    the module docstring.
+    (whose labels are the mask itself), maps them to the probability scale. Needs no MCAR data. Clipped as
+    described in the module docstring.
+
+    The observed cells are scored by the model fitted to them, so their estimates run high: on Coat the
+    median is 0.29 where the density is 0.08 (in-sample AUC 0.92, 0.77 on held-out observed cells), and
+    the sum of 1/p over them is about half the number of cells. Read them as relative weights, which is all
+    the IPS loss uses (it rescales the weights to mean 1), not as probabilities.
     """
     from implicit.cpu.lmf import LogisticMatrixFactorization
 

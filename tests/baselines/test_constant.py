@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from baselines.constant import ConstantPredictor, MCARMean, TrainMean
+from baselines.constant import ConstantPredictor, TrainMean
 
 TRAIN = sp.csr_matrix(np.array([[1.0, 0.0, 4.0], [0.0, 5.0, 4.0]]))
 USERS, ITEMS = np.array([0, 1, 1]), np.array([1, 0, 2])
@@ -14,9 +14,8 @@ def test_constant_value_and_name():
     np.testing.assert_array_equal(model.predict(USERS, ITEMS), [2.0, 2.0, 2.0])
 
 
-def test_train_mean_and_mcar_mean():
+def test_train_mean():
     np.testing.assert_allclose(TrainMean().fit(TRAIN).predict(USERS, ITEMS), 3.5)
-    np.testing.assert_allclose(MCARMean(2.23).fit(TRAIN).predict(USERS, ITEMS), 2.23)
 
 
 def test_clipped_to_scale():

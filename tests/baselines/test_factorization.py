@@ -74,6 +74,13 @@ def test_mf_refuses_misaligned_weights():
     duplicated = sp.csr_matrix((np.array([3.0, 1.0]), np.array([2, 2]), np.array([0, 2])), shape=(1, 3))
     with pytest.raises(ValueError, match="duplicate"):
         MatrixFactorization().fit(duplicated)
+    # in COO, scipy's conversion would add the two ratings into a 4, and reorder weighted ratings
+    coo = sp.coo_matrix((np.array([3.0, 1.0, 2.0]), (np.array([0, 0, 1]), np.array([2, 2, 0]))), shape=(2, 3))
+    with pytest.raises(ValueError, match="duplicate"):
+        MatrixFactorization().fit(coo)
+    listed_backwards = sp.coo_matrix((np.array([5.0, 1.0]), (np.array([1, 0]), np.array([0, 1]))), shape=(2, 2))
+    with pytest.raises(ValueError, match="must be a CSR matrix when weights are given"):
+        MatrixFactorization().fit(listed_backwards, sample_weight=np.array([100.0, 1.0]))
 
 
 def test_validation_selection_uses_train_only(mcar_data):

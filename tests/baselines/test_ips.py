@@ -58,3 +58,13 @@ def test_split_mcar_sample_partitions_the_test():
     assert (again != sample).nnz == 0
     with pytest.raises(ValueError, match="fraction"):
         split_mcar_sample(test, fraction=1.0)
+
+
+def test_a_clip_given_twice_must_agree():
+    """The mask model clips by its config's min_relative; a different one beside it was silently ignored."""
+    from baselines.propensities import MaskPropensityConfig
+
+    with pytest.raises(ValueError, match="min_relative 0.5 and mask_config.min_relative 0.1 differ"):
+        IPSMatrixFactorization("mask", min_relative=0.5, mask_config=MaskPropensityConfig())
+    agreed = IPSMatrixFactorization("mask", min_relative=0.5, mask_config=MaskPropensityConfig(min_relative=0.5))
+    assert agreed.mask_config.min_relative == 0.5
