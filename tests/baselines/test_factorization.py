@@ -88,5 +88,20 @@ def test_validation_selection_uses_train_only(mcar_data):
 
     fit, val = validation_split(mcar_data.train, fraction=0.1, seed=0)
     assert fit.nnz + val.nnz == mcar_data.train.nnz and fit.multiply(val).nnz == 0
-    best, scores = select_config(ProbabilisticMF, mcar_data.train, [{"lambda_u": 5.0, "lambda_v": 5.0}, {"lambda_u": 1e4, "lambda_v": 1e4}])
-    assert best == {"lambda_u": 5.0, "lambda_v": 5.0} and len(scores) == 2
+    grid = [{"lambda_u": lam, "lambda_v": lam} for lam in (1e4, 0.01, 5.0, 50.0)]
+    fitted = []
+
+    class Spy(ProbabilisticMF):
+        def fit(self, train):
+            fitted.append(train)
+            return super().fit(train)
+
+    best, scores = select_config(Spy, mcar_data.train, grid)
+    # every score is the held-out MSE of a model fitted without the held-out ratings, and the best is chosen
+    vc = val.tocoo()
+    for (kwargs, score), seen in zip(scores, fitted):
+        assert (seen != fit).nnz == 0
+        expected = ProbabilisticMF(**kwargs).fit(fit).predict(vc.row, vc.col)
+        assert score == pytest.approx(np.mean((expected - vc.data) ** 2))
+    assert [kwargs for kwargs, _ in scores] == grid and best == min(scores, key=lambda s: s[1])[0]
+    assert best != grid[0]  # the first entry is not the answer by default

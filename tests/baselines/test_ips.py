@@ -33,7 +33,8 @@ def test_mf_ips_mask_runs_without_mcar_data(mnar_data):
     model = IPSMatrixFactorization("mask").fit(mnar_data.train)
     assert model.name == "mf-ips-mask"
     assert model.train_propensities.shape == (mnar_data.train.nnz,)
-    assert mse(y, model.predict(u, i)) < mse(y, np.full_like(y, mnar_data.train.data.mean()))
+    # the weights matter: unit weights (plain MF) scored 0.996, the mask's 0.66
+    assert mse(y, model.predict(u, i)) < 0.8 * mse(y, MatrixFactorization().fit(mnar_data.train).predict(u, i))
 
 
 def test_ips_argument_errors(mnar_data):

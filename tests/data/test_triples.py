@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mnar_recsys.data.triples import load_triples
+from mnar_recsys.data.triples import load_triples, read_triples
 
 
 def write(path: Path, text: str) -> Path:
@@ -140,3 +140,15 @@ def test_header_alone_or_no_rows_is_no_ratings(tmp_path):
     frame = pd.DataFrame({"user": [], "item": [], "rating": []})
     with pytest.raises(ValueError, match=r"train DataFrame: no ratings found \(no data rows\)"):
         load_triples(frame, frame)
+
+
+def test_an_explicit_separator_and_header_are_used_as_given(tmp_path):
+    """Sniffing would take a comma here (it comes before the bar in its list) and a header from line 1."""
+    path = write(tmp_path / "r.txt", "user|item|rating,comment\n7|3|5,good\n")
+    with pytest.raises(ValueError, match=r"line 2: rating '5,good' is not an integer"):
+        read_triples(path, sep="|")  # the bar splits, the header is still found
+    path = write(tmp_path / "r.txt", "7|3|5\n8|3|2\n")
+    triples = read_triples(path, sep="|", header=False)
+    assert list(triples.users) == [7, 8] and list(triples.ratings) == [5, 2]
+    with pytest.raises(ValueError, match=r"line 1: rating 'rating' is not an integer"):
+        read_triples(write(tmp_path / "h.txt", "user|item|rating\n7|3|5\n"), sep="|", header=False)

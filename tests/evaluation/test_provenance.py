@@ -30,3 +30,22 @@ def test_provenance_records_the_commit_and_whether_the_tree_was_clean():
     record = provenance()
     assert {"package_version", "commit", "dirty", "torch", "numpy"} <= set(record)
     assert (record["commit"] is None) == (record["dirty"] is None)
+
+
+def test_provenance_reports_the_package_checkouts_state(monkeypatch):
+    """What git says of the folder holding the package, commit and dirty flag both, reaches the record."""
+    from pathlib import Path
+
+    import mnar_recsys
+    from mnar_recsys.evaluation import reports
+
+    asked = []
+
+    def state(root):
+        asked.append(root)
+        return "abc123", True
+
+    monkeypatch.setattr(reports, "git_state", state)
+    record = provenance()
+    assert (record["commit"], record["dirty"]) == ("abc123", True)
+    assert asked == [Path(mnar_recsys.__file__).resolve().parents[1]]

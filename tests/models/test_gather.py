@@ -61,7 +61,7 @@ def test_training_repeats_bit_for_bit_with_two_threads(torch_threads, decoder, r
     for _ in range(2):
         torch.manual_seed(0)
         model = build_model(ModelConfig(n_features=400, decoder=decoder, row_offset=row_offset))
-        fit(model, data, TrainConfig(iterations=30, device="cpu", progress=False))
+        fit(model, data, TrainConfig(iterations=3, device="cpu", progress=False))  # drifted within 3
         runs.append(model.state_dict())
     for name, value in runs[0].items():
         assert torch.equal(value, runs[1][name]), name

@@ -147,9 +147,16 @@ def test_cli_validation_fraction_records_the_kept_iteration(tmp_path):
     code = small_run(out, "--iterations", "500", "--models", "notmiwae-gaussian,mf", "--validation-fraction", "0.2")
     assert code == 0
     records = {r["model"]: r for r in json.loads((out / "results.json").read_text())["records"]}
-    assert records["notmiwae-gaussian"]["best_iteration"] in (250, 500)
+    checks = records["notmiwae-gaussian"]["training_curve"]["validation"]
+    assert [i for i, _ in checks] == [250, 500]
+    assert records["notmiwae-gaussian"]["best_iteration"] == max(checks, key=lambda check: check[1])[0]
     assert records["notmiwae-gaussian"]["config"]["run"]["validation_fraction"] == 0.2
     assert "best_iteration" not in records["mf"]
+
+
+def test_the_data_seed_draws_other_synthetic_data():
+    first, second = (load_data(RatingsRun(users=300, items=60, data_seed=seed)) for seed in (0, 1))
+    assert first.train.shape == second.train.shape and (first.train != second.train).nnz > 0
 
 
 def test_ratings_runs_data_parallel_under_torchrun(tmp_path):
