@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import scipy
+import sklearn
 import torch
 
 from mnar_recsys import __version__
@@ -25,8 +27,10 @@ def provenance() -> dict[str, Any]:
     """Package version, git commit and whether tracked files differ from it (when run from a checkout), library
     versions and machine."""
     commit, dirty = git_state(Path(__file__).resolve().parents[2])
+    # scikit-learn and scipy too: the baselines' numbers can move with their versions
     return {"package_version": __version__, "commit": commit, "dirty": dirty, "torch": torch.__version__,
-            "numpy": np.__version__, "python": platform.python_version(), "machine": platform.machine()}
+            "numpy": np.__version__, "scipy": scipy.__version__, "scikit-learn": sklearn.__version__,
+            "python": platform.python_version(), "machine": platform.machine()}
 
 
 def git_state(root: Path) -> tuple[str | None, bool | None]:

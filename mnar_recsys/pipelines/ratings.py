@@ -2,7 +2,8 @@
 
 For every seed the MCAR sample for MF-IPS is drawn once and left out of scoring for all models
 (``mnar_recsys.evaluation.protocol``). Writes results.json (one record per model and seed),
-results.md, a histogram of predictions against the MCAR truth and per-rating MSE bars.
+results.md, a histogram of predictions against the MCAR truth, per-rating MSE bars and, for the
+not-MIWAE and MIWAE models, their training curves.
 
 With `--jobs N` the (seed, model) runs go to N worker processes of one thread each; under `torchrun`
 every process trains the not-MIWAE variants together (data-parallel) and process 0 alone fits the
@@ -43,6 +44,7 @@ DEFAULT_MODELS = ("notmiwae-gaussian", "notmiwae-categorical", "notmiwae-categor
                   "pmf", "mf-ips")
 UNSEEDED = frozenset({"constant-2", "train-mean"})  # deterministic baselines: no seed argument
 ESTIMATOR_MODEL = "notmiwae-gaussian"  # the model the --estimator-k study re-imputes
+SYNTHETIC_ONLY = ("users", "items", "test_users", "data_seed", "selection")  # RatingsRun fields of the simulator
 OUTPUTS = ("results.json", "results.md", "predictions_histogram.png", "per_rating_mse.png", "training_curves.png")
 # Smaller than Yahoo! R3 (15,400 x 1,000) so that the default synthetic run is feasible on a CPU.
 SYNTHETIC_USERS, SYNTHETIC_ITEMS = 2_000, 200
@@ -89,6 +91,11 @@ class RatingsRun:
             raise ValueError("the oracle is only known on --data synthetic")
         if self.data == "synthetic" and self.data_dir:
             raise ValueError("--data synthetic reads no files: leave out --data-dir, or choose --data coat or yahoo")
+        if self.data != "synthetic":
+            changed = [f"--{name.replace('_', '-')}" for name in SYNTHETIC_ONLY
+                       if getattr(self, name) != RatingsRun.__dataclass_fields__[name].default]
+            if changed:
+                raise ValueError(f"{', '.join(changed)} set(s) the simulator, which --data {self.data} does not use")
         if not self.seeds:
             raise ValueError("give at least one seed")
         if min(self.seeds) < 0 or self.data_seed < 0:
@@ -153,9 +160,12 @@ def build(name: str, run: RatingsRun, data: RatingsData, seed: int, progress: bo
 
 
 def run_settings(run: RatingsRun) -> dict[str, Any]:
-    """The run's configuration, how many processes train together, the device `auto` chose and the CPU threads
-    (a seed repeats a run bit for bit at a fixed number of threads), for the results."""
-    return {**asdict(run), "processes": distributed.world_size(), "device_used": str(resolve_device(run.device)),
+    """The run's configuration (the simulator's settings only when it ran), how many processes train together,
+    the device `auto` chose and the CPU threads (a seed repeats a run bit for bit at a fixed number of
+    threads), for the results."""
+    settings = {name: value for name, value in asdict(run).items()
+                if run.data == "synthetic" or name not in SYNTHETIC_ONLY}
+    return {**settings, "processes": distributed.world_size(), "device_used": str(resolve_device(run.device)),
             "threads": torch.get_num_threads() if run.jobs == 1 else 1}
 
 
@@ -227,6 +237,7 @@ def run_ratings(run: RatingsRun, progress: bool = True) -> dict[str, Any]:
             if isinstance(model, NotMIWAERecommender):
                 model.fit(mcar_split(data, seed).train)
         return {}
+    resolve_device(run.device)  # a GPU that is not there is refused before an earlier run's files go
     remove_previous(out, OUTPUTS)
     order = {task[1:3]: position for position, task in enumerate(tasks)}
     records, estimator, predictions, finished = [], [], {}, {}
@@ -325,16 +336,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("ratings", help="not-MIWAE vs baselines on MNAR ratings, scored on MCAR ratings")
     parser.add_argument("--data", choices=DATASETS, default="synthetic",
                         help="synthetic: the Yahoo-like simulator, needs no files (default)")
-    parser.add_argument("--data-dir", help="folder of the coat / yahoo files")
+    parser.add_argument("--data-dir", help="folder of the coat / yahoo files (none for synthetic)")
     parser.add_argument("--models", type=_names, default=(),
                         help=f"comma-separated, from {', '.join([*VARIANTS, *BASELINES, 'oracle'])} "
                              f"(default: {','.join(DEFAULT_MODELS)}, plus oracle on synthetic)")
     parser.add_argument("--seeds", type=_ints, default=(0, 1, 2, 3, 4), help="comma-separated (default 0,1,2,3,4)")
     parser.add_argument("--out", default="results/ratings", help="output folder (default results/ratings)")
-    parser.add_argument("--iterations", type=int, default=10_000, help="not-MIWAE training steps (paper: 10,000)")
+    parser.add_argument("--iterations", type=int, default=10_000,
+                        help="not-MIWAE training steps (default 10,000, the paper's)")
     parser.add_argument("--batch-size", type=int, default=100,
-                        help="users per not-MIWAE step, over all processes under torchrun (paper: 100)")
-    parser.add_argument("--lr", type=float, default=1e-3, help="not-MIWAE Adam step size (paper: 1e-3)")
+                        help="users per not-MIWAE step, over all processes under torchrun "
+                             "(default 100, the paper's)")
+    parser.add_argument("--lr", type=float, default=1e-3, help="not-MIWAE Adam step size (default 1e-3, the paper's)")
     parser.add_argument("--validation-fraction", type=float, default=0.1,
                         help="hold out this share of the train users and keep the not-MIWAE parameters with the "
                              "best bound on them, no MCAR data used (default 0.1; 0: the paper's fixed iterations)")
@@ -354,7 +367,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "independent (a logistic draw per cell, the not-MIWAE's own missing model)")
     parser.add_argument("--estimator-k", type=_ints, default=(),
                         help=f"e.g. 100,1000,10000: also report {ESTIMATOR_MODEL}'s MCAR MSE for these K, "
-                             "with x_m sampled and integrated")
+                             "with x_m sampled and integrated (default: no such study)")
     parser.add_argument("--backend", choices=BACKENDS, default="auto",
                         help="torch.distributed backend under torchrun (default auto: nccl on GPUs, gloo on CPUs)")
     parser.add_argument("--unobserved-samples", type=int, default=None, metavar="M",

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from baselines.dense_imputers import DENSE_IMPUTERS, make_dense_imputer
-from mnar_recsys.devices import check_device_name
+from mnar_recsys.devices import check_device_name, resolve_device
 from mnar_recsys.pipelines.arguments import add_config_options, check_counts, config_from_options, option
 from mnar_recsys.data.amputation import apply_mask, paper_self_masking, standardize
 from mnar_recsys.data.uci import UCI_DATASETS, UCI_NAMES, load_uci, paper_dataset
@@ -221,6 +221,7 @@ def run_uci(datasets: list[str], models: list[str], config: UCIConfig, out: Path
         raise ValueError(f"jobs must be at least 1, got {jobs}")
     data = {name: masked_dataset(load_uci(name, data_dir), config.offset) for name in datasets}  # fail early
     meta = {"provenance": provenance(), "protocol": asdict(config), "data_dir": data_dir, "jobs": jobs}
+    resolve_device(config.device)  # a GPU that is not there is refused before an earlier run's files go
     remove_previous(out, ("results.json", "results.md", "rmse.png"))
     keys = [(name, model, run) for name in data for model in models for run in range(config.runs)]
     order = {key: position for position, key in enumerate(keys)}

@@ -28,7 +28,7 @@ def test_git_state_sees_changes_to_tracked_files_but_not_untracked_ones(tmp_path
 
 def test_provenance_records_the_commit_and_whether_the_tree_was_clean():
     record = provenance()
-    assert {"package_version", "commit", "dirty", "torch", "numpy"} <= set(record)
+    assert {"package_version", "commit", "dirty", "torch", "numpy", "scipy", "scikit-learn"} <= set(record)
     assert (record["commit"] is None) == (record["dirty"] is None)
 
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from mnar_recsys.cli import main
 from mnar_recsys.data import load_coat
@@ -77,6 +78,8 @@ def test_cli_refuses_bad_requests(tmp_path, capsys):
     (["--models", ","], "expected comma-separated model names, got ','"),
     (["--models", "mf", "--estimator-k", "10"], "--estimator-k re-imputes notmiwae-gaussian: add it to --models"),
     (["--jobs", "2", "--threads", "2"], "the --jobs workers take one thread each"),
+    (["--data", "coat", "--data-dir", "/nonexistent", "--users", "100", "--selection", "independent"],
+     "--users, --selection set(s) the simulator, which --data coat does not use"),
 ])
 def test_cli_refuses_options_it_would_ignore_or_misuse_before_any_work(tmp_path, capsys, arguments, message):
     """Each of these once ran (MF with --lr -1 wrote results recording it; --models , ran the default list), or
@@ -139,6 +142,15 @@ def test_a_rerun_into_the_same_folder_leaves_no_figure_of_the_earlier_run(tmp_pa
     assert small_run(out, "--models", "mf") == 0
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "per_rating_mse.png", "predictions_histogram.png",
                                                      "results.json", "results.md"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal of a GPU that is not there")
+def test_a_gpu_that_is_not_there_is_refused_before_an_earlier_runs_files_go(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert small_run(out, "--models", "mf") == 0
+    assert small_run(out, "--models", "mf", "--device", "cuda") == 2
+    assert "sees no GPU" in capsys.readouterr().err
+    assert (out / "results.json").exists()
 
 
 def test_cli_validation_fraction_records_the_kept_iteration(tmp_path):
