@@ -91,11 +91,6 @@ class RatingsRun:
             raise ValueError("the oracle is only known on --data synthetic")
         if self.data == "synthetic" and self.data_dir:
             raise ValueError("--data synthetic reads no files: leave out --data-dir, or choose --data coat or yahoo")
-        if self.data != "synthetic":
-            changed = [f"--{name.replace('_', '-')}" for name in SYNTHETIC_ONLY
-                       if getattr(self, name) != RatingsRun.__dataclass_fields__[name].default]
-            if changed:
-                raise ValueError(f"{', '.join(changed)} set(s) the simulator, which --data {self.data} does not use")
         if not self.seeds:
             raise ValueError("give at least one seed")
         if min(self.seeds) < 0 or self.data_seed < 0:
@@ -117,6 +112,11 @@ class RatingsRun:
         check_counts(self, dict.fromkeys(("iterations", "batch_size", "importance_samples", "users", "items", "jobs"), 1))
         if self.test_users is not None and not 1 <= self.test_users <= self.users:
             raise ValueError(f"--test-users must lie in 1..{self.users} (--users), got {self.test_users}")
+        if self.data != "synthetic":
+            changed = [f"--{name.replace('_', '-')}" for name in SYNTHETIC_ONLY
+                       if getattr(self, name) != RatingsRun.__dataclass_fields__[name].default]
+            if changed:
+                raise ValueError(f"{', '.join(changed)} set(s) the simulator, which --data {self.data} does not use")
 
 
 _LOADED: dict[tuple, RatingsData] = {}  # the last data set this process loaded, by its settings
