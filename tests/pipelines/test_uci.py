@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from mnar_recsys.cli import main
 from mnar_recsys.data.uci import UCI_DATASETS, expected_file, load_uci
@@ -104,6 +105,15 @@ def test_a_model_named_twice_is_an_error(tmp_path, capsys):
     assert main(["uci", "--dataset", "breast", "--models", "mean", "ppca", "mean", "--out", str(tmp_path / "r")]) == 2
     assert "--models names mean more than once" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal of a GPU that is not there")
+def test_a_gpu_that_is_not_there_is_refused_before_an_earlier_runs_files_go(tmp_path, capsys):
+    out = tmp_path / "r"
+    assert main(["uci", "--dataset", "breast", "--models", "mean", "--runs", "1", "--out", str(out)]) == 0
+    assert main(["uci", "--dataset", "breast", "--models", "mean", "--device", "cuda", "--out", str(out)]) == 2
+    assert "sees no GPU" in capsys.readouterr().err
+    assert (out / "results.json").exists()
 
 
 def test_jobs_below_one_are_an_error(tmp_path, capsys):
