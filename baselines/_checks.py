@@ -6,6 +6,17 @@ import numpy as np
 import scipy.sparse as sp
 
 
+def csr_keeping_duplicates(matrix: sp.spmatrix, dtype: type) -> sp.csr_matrix:
+    """A CSR copy of a sparse matrix in `dtype`; scipy's own conversion from other formats would add up
+    repeated entries, which a check for duplicates must still see."""
+    if matrix.format == "csr":
+        return sp.csr_matrix(matrix, dtype=dtype, copy=True)
+    coo = matrix.tocoo()
+    order = np.lexsort((coo.col, coo.row))
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(coo.row, minlength=coo.shape[0]))])
+    return sp.csr_matrix((coo.data[order].astype(dtype), coo.col[order], indptr), shape=coo.shape)
+
+
 def check_ratings(train: sp.spmatrix, what: str = "train", keep_order: bool = False) -> sp.csr_matrix:
     """Return ``train`` as float64 CSR in canonical form (sorted indices), refusing empty or non-finite
     rating matrices, duplicate entries and explicit zeros (a stored entry is an observed rating).
@@ -15,14 +26,9 @@ def check_ratings(train: sp.spmatrix, what: str = "train", keep_order: bool = Fa
     """
     if not sp.issparse(train):
         raise ValueError(f"{what} must be a scipy sparse matrix, got {type(train).__name__}")
-    if train.format != "csr":  # scipy's conversion to CSR adds up repeated entries and reorders the rest
-        if keep_order:
-            raise ValueError(f"{what} must be a CSR matrix when weights are given: they follow its stored order")
-        coo = train.tocoo()
-        keys = coo.row.astype(np.int64) * coo.shape[1] + coo.col
-        if np.unique(keys).size != keys.size:
-            raise ValueError(f"{what} stores duplicate (user, item) entries")
-    csr = sp.csr_matrix(train, dtype=np.float64, copy=True)
+    if train.format != "csr" and keep_order:  # converting reorders the entries
+        raise ValueError(f"{what} must be a CSR matrix when weights are given: they follow its stored order")
+    csr = csr_keeping_duplicates(train, np.float64)
     if not csr.has_canonical_format:
         if keep_order:
             raise ValueError(f"{what} must be in canonical CSR form (sorted indices) when weights are given")

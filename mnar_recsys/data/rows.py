@@ -14,6 +14,8 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from baselines._checks import csr_keeping_duplicates
+
 
 @dataclass
 class RowBatch:
@@ -115,18 +117,8 @@ class DenseRows(RowSource):
         return self.observed.mean(axis=0)
 
 
-def _csr_keeping_duplicates(matrix: sp.spmatrix) -> sp.csr_matrix:
-    """A float32 copy in CSR; scipy's own conversion from other formats would add up repeated entries."""
-    if matrix.format == "csr":
-        return sp.csr_matrix(matrix, dtype=np.float32, copy=True)
-    coo = matrix.tocoo()
-    order = np.lexsort((coo.col, coo.row))
-    indptr = np.concatenate([[0], np.cumsum(np.bincount(coo.row, minlength=coo.shape[0]))])
-    return sp.csr_matrix((coo.data[order].astype(np.float32), coo.col[order], indptr), shape=coo.shape)
-
-
 def _check_csr(matrix: sp.spmatrix) -> sp.csr_matrix:
-    csr = _csr_keeping_duplicates(matrix)
+    csr = csr_keeping_duplicates(matrix, np.float32)
     csr.sort_indices()
     row_of = np.repeat(np.arange(csr.shape[0]), np.diff(csr.indptr))
     same = np.flatnonzero((np.diff(csr.indices) == 0) & (np.diff(row_of) == 0))

@@ -16,7 +16,6 @@ from sklearn.base import BaseEstimator, OneToOneFeatureMixin, TransformerMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from mnar_recsys.devices import resolve_device
 from mnar_recsys.inference import importance
 from mnar_recsys.models.config import ModelConfig, build_model
 from mnar_recsys.training.trainer import TrainConfig, fit
@@ -153,7 +152,6 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
             raise ValueError(f"n_init must be a positive integer, got {self.n_init!r}")
         train = TrainConfig(iterations=self.iterations, batch_size=self.batch_size, n_samples=self.n_samples,
                             lr=self.lr, device=self.device, progress=self.progress)
-        resolve_device(self.device)  # a device torch cannot use is refused before any training
         # the fitted attributes are set together at the end: a failed refit leaves the last fit whole
         if self.standardize:
             sd = np.nanstd(X, axis=0)

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from mnar_recsys.models.decoders import Params
 from mnar_recsys.models.notmiwae import NotMIWAE
 
-_PANEL_POINTS = 8  # Gauss-Legendre points per panel
+_LEGENDRE = list(zip(*(a.tolist() for a in np.polynomial.legendre.leggauss(8))))  # (node, weight), 8 a panel
 _PANEL_RATIO, _PANELS_PER_SIDE = 1 / 8, 8  # each panel an eighth of the one before, towards the split
 _U_EDGE = 1e-9  # the probability scale stops this far from 0 and 1, where erfinv is infinite
 _BISECTIONS = 50  # halvings of an interval of u in float64: beyond its resolution
@@ -116,9 +116,8 @@ class Posterior:
 
     def _integral(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """∫_a^b Pr(s | x(u), z_k) du by Gauss-Legendre, elementwise over (B, K, T)."""
-        g, w = np.polynomial.legendre.leggauss(_PANEL_POINTS)
         total = torch.zeros_like(a)
-        for node, weight in zip(g.tolist(), w.tolist()):
+        for node, weight in _LEGENDRE:
             total += weight * self._accept(self._value(a + (b - a) * (1 + node) / 2))
         return total * (b - a) / 2
 
