@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from mnar_recsys.data.rows import RowBatch
-from mnar_recsys.models.gather import take
+from mnar_recsys.models.gather import sum_by_row, take
 
 # Keep q's variance in a range where exp() neither underflows nor explodes early in training.
 LOGVAR_MIN, LOGVAR_MAX = -12.0, 8.0
@@ -71,7 +71,7 @@ class SetEncoder(nn.Module):
         weight_e, weight_x = self.shared.weight[:, :-1], self.shared.weight[:, -1]
         item_code = self.embedding @ weight_e.T + self.shared.bias
         per_entry = self.activation(take(item_code, batch.obs_col) + batch.obs_value[:, None] * weight_x)
-        code = per_entry.new_zeros(batch.n_rows, per_entry.shape[1]).index_add_(0, batch.obs_row, per_entry)
+        code = sum_by_row(per_entry, batch.obs_row, batch.n_rows)
         return self.head(code)
 
 

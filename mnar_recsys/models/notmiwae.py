@@ -14,7 +14,7 @@ from mnar_recsys.data.rows import RowBatch
 from mnar_recsys.devices import cpu_normal
 from mnar_recsys.models.bound import BoundTerms, importance_weighted_bound
 from mnar_recsys.models.decoders import CategoricalDecoder, GaussianDecoder, ObservationModel, Params
-from mnar_recsys.models.gather import take
+from mnar_recsys.models.gather import sum_by_row, take
 from mnar_recsys.models.missing import LevelwiseLogistic, MissingModel, RowOffset, bernoulli_log_prob
 from mnar_recsys.models.quadrature import (log_expected_sigmoid, log_expected_sigmoid_categorical,
                                            log_expected_sigmoid_piecewise, masked_log_expected_sigmoid_categorical_sum,
@@ -195,7 +195,7 @@ class NotMIWAE(nn.Module):
     def _log_px_entries(self, batch: RowBatch, observed: Params) -> torch.Tensor:
         """Σ_{j observed} log p(x_j | z_k) from the parameters at the observed entries (nnz, K, ...): (B, K)."""
         per_entry = self.decoder.log_prob(observed, batch.obs_value[:, None])
-        return per_entry.new_zeros(batch.n_rows, per_entry.shape[1]).index_add_(0, batch.obs_row, per_entry)
+        return sum_by_row(per_entry, batch.obs_row, batch.n_rows)
 
     def complete(self, batch: RowBatch, params: Params) -> torch.Tensor | None:
         """The rows with x_m,k ~ p(x_m | z_k) drawn in (reparameterised), (B, K, p), where the missing factor
@@ -252,7 +252,7 @@ class NotMIWAE(nn.Module):
         if offset is not None:
             logits = logits + take(offset, batch.obs_row)
         observed = F.logsigmoid(logits)
-        return observed.new_zeros(batch.n_rows, observed.shape[1]).index_add_(0, batch.obs_row, observed)
+        return sum_by_row(observed, batch.obs_row, batch.n_rows)
 
     def _subsampled_log_ps(self, batch: RowBatch, draw: UnobservedDraw, unobserved: Params,
                            offset: torch.Tensor | None) -> torch.Tensor:
@@ -264,9 +264,8 @@ class NotMIWAE(nn.Module):
         else:
             logits = self.missing_model.feature_logits(self.decoder.rsample(unobserved), features)
             per_draw = F.logsigmoid(-(logits if draw_offset is None else logits + draw_offset))
-        missing = per_draw.new_zeros(batch.n_rows, per_draw.shape[1])
-        missing.index_add_(0, draw.rows, per_draw * draw.weight[:, None])
-        return self._log_ps_observed(batch, offset) + missing
+        return self._log_ps_observed(batch, offset) + sum_by_row(per_draw * draw.weight[:, None], draw.rows,
+                                                                 batch.n_rows)
 
     def log_prob_missing(self, params: Params, features: torch.Tensor | None = None,
                          offset: torch.Tensor | None = None) -> torch.Tensor:

@@ -6,6 +6,8 @@ import argparse
 from dataclasses import asdict, field, fields
 from typing import Any, TypeVar
 
+from mnar_recsys.devices import check_device_name
+
 Config = TypeVar("Config")
 
 
@@ -30,6 +32,14 @@ def check_counts(config: object, least: dict[str, int]) -> None:
         value = getattr(config, name)
         if value < bound:
             raise ValueError(f"--{name.replace('_', '-')} must be at least {bound}, got {value}")
+
+
+def check_device_option(name: str) -> None:
+    """Refuse a device name that no machine has, as the config is made, naming `--device`."""
+    try:
+        check_device_name(name)
+    except ValueError as error:
+        raise ValueError(f"--{error}") from None
 
 
 def config_from_options(args: argparse.Namespace, config_type: type[Config]) -> Config:

@@ -25,7 +25,7 @@ from baselines.base import Recommender
 from baselines.registry import BASELINES, make_baseline
 from mnar_recsys.data import RatingsData, SimulatorConfig, load_coat, load_yahoo_r3, simulate_ratings
 from mnar_recsys.data.simulator import SELECTIONS
-from mnar_recsys.devices import DEVICES, resolve_device
+from mnar_recsys.devices import resolve_device
 from mnar_recsys.estimators.recommender import VARIANTS, NotMIWAERecommender, OracleRecommender, make_recommender
 from mnar_recsys.evaluation import plots
 from mnar_recsys.evaluation.metrics import mae, mse
@@ -33,7 +33,7 @@ from mnar_recsys.evaluation.protocol import MCARSplit, fit_and_score, mcar_split
 from mnar_recsys.evaluation.reports import (markdown_table, provenance, remove_previous, summarise, write_atomic,
                                            write_json)
 from mnar_recsys.inference.importance import ImportanceConfig
-from mnar_recsys.pipelines.arguments import check_counts
+from mnar_recsys.pipelines.arguments import check_counts, check_device_option
 from mnar_recsys.pipelines.workers import run_tasks
 from mnar_recsys.training import distributed
 from mnar_recsys.training.distributed import BACKENDS
@@ -110,6 +110,7 @@ class RatingsRun:
         if self.unobserved_samples is not None and self.unobserved_samples < 1:
             raise ValueError(f"--unobserved-samples must be at least 1, got {self.unobserved_samples}")
         check_counts(self, dict.fromkeys(("iterations", "batch_size", "importance_samples", "users", "items", "jobs"), 1))
+        check_device_option(self.device)
         if self.test_users is not None and not 1 <= self.test_users <= self.users:
             raise ValueError(f"--test-users must lie in 1..{self.users} (--users), got {self.test_users}")
         if self.data != "synthetic":
@@ -353,8 +354,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "best bound on them, no MCAR data used (default 0.1; 0: the paper's fixed iterations)")
     parser.add_argument("--importance-samples", type=int, default=1_000,
                         help="K for prediction by importance sampling (default 1,000; paper: 10,000)")
-    parser.add_argument("--device", choices=DEVICES, default="auto",
-                        help="auto (default: CUDA when torch sees a GPU), cpu or cuda")
+    parser.add_argument("--device", default="auto",
+                        help="auto (default: CUDA when torch sees a GPU), cpu, cuda or cuda:N")
     parser.add_argument("--users", type=int, default=SYNTHETIC_USERS,
                         help=f"synthetic users (default {SYNTHETIC_USERS}; Yahoo! R3 has 15,400)")
     parser.add_argument("--items", type=int, default=SYNTHETIC_ITEMS,

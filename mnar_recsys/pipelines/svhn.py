@@ -21,8 +21,8 @@ import torch
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
-from mnar_recsys.devices import check_device_name
-from mnar_recsys.pipelines.arguments import add_config_options, check_counts, config_from_options, option
+from mnar_recsys.pipelines.arguments import (add_config_options, check_counts, check_device_option,
+                                                config_from_options, option)
 from mnar_recsys.data.amputation import apply_mask
 from mnar_recsys.data.svhn import B, W, clipping_mask, digits_stand_in, load_svhn
 from mnar_recsys.evaluation.metrics import imputation_rmse
@@ -60,7 +60,7 @@ class SVHNConfig:
     def __post_init__(self) -> None:
         check_counts(self, {**dict.fromkeys(("iterations", "refit_iterations", "batch_size", "n_samples",
                                              "importance_samples", "ll_samples"), 1), "n_train": 0, "n_test": 0})
-        check_device_name(self.device)
+        check_device_option(self.device)
         self.channels()  # a bad --conv-channels is refused now, not after the images are loaded
 
     def channels(self) -> tuple[int, ...]:

@@ -17,8 +17,9 @@ from typing import Any
 import numpy as np
 
 from baselines.dense_imputers import DENSE_IMPUTERS, make_dense_imputer
-from mnar_recsys.devices import check_device_name, resolve_device
-from mnar_recsys.pipelines.arguments import add_config_options, check_counts, config_from_options, option
+from mnar_recsys.devices import resolve_device
+from mnar_recsys.pipelines.arguments import (add_config_options, check_counts, check_device_option,
+                                                config_from_options, option)
 from mnar_recsys.data.amputation import apply_mask, paper_self_masking, standardize
 from mnar_recsys.data.uci import UCI_DATASETS, UCI_NAMES, load_uci, paper_dataset
 from mnar_recsys.estimators.imputer import NotMIWAEImputer
@@ -83,7 +84,7 @@ class UCIConfig:
         check_counts(self, dict.fromkeys(("iterations", "batch_size", "n_samples", "importance_samples", "runs",
                                           "n_init"), 1))
         check_sampled_imputation(self.sampled_imputation)
-        check_device_name(self.device)
+        check_device_option(self.device)
 
 
 def make_imputer(model: str, config: UCIConfig, seed: int, progress: bool = False):
@@ -218,7 +219,7 @@ def run_uci(datasets: list[str], models: list[str], config: UCIConfig, out: Path
     if repeated:  # each would run again on the same seeds and count as more runs
         raise ValueError(f"--models names {', '.join(repeated)} more than once")
     if jobs < 1:
-        raise ValueError(f"jobs must be at least 1, got {jobs}")
+        raise ValueError(f"--jobs must be at least 1, got {jobs}")
     data = {name: masked_dataset(load_uci(name, data_dir), config.offset) for name in datasets}  # fail early
     meta = {"provenance": provenance(), "protocol": asdict(config), "data_dir": data_dir, "jobs": jobs}
     resolve_device(config.device)  # a GPU that is not there is refused before an earlier run's files go

@@ -150,7 +150,14 @@ def test_a_gpu_that_is_not_there_is_refused_before_an_earlier_runs_files_go(tmp_
     assert small_run(out, "--models", "mf") == 0
     assert small_run(out, "--models", "mf", "--device", "cuda") == 2
     assert "sees no GPU" in capsys.readouterr().err
+    assert small_run(out, "--models", "mf", "--device", "cuda:1") == 2  # a numbered GPU is a name it knows
+    assert "sees no GPU" in capsys.readouterr().err
     assert (out / "results.json").exists()
+
+
+def test_a_device_name_no_machine_has_is_refused_naming_the_option(tmp_path, capsys):
+    assert main(["ratings", "--device", "gpu", "--out", str(tmp_path / "out")]) == 2
+    assert "--device must be one of ('auto', 'cpu', 'cuda') (or 'cuda:N'), got 'gpu'" in capsys.readouterr().err
 
 
 def test_cli_validation_fraction_records_the_kept_iteration(tmp_path):

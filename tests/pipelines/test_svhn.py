@@ -63,7 +63,7 @@ def test_bad_inputs(tmp_path, capsys):
     assert main(["svhn", "--n-test", "-1", "--out", str(tmp_path / "out")]) == 2
     assert "--n-test must be at least 0, got -1" in capsys.readouterr().err
     assert main(["svhn", "--device", "gpu", "--out", str(tmp_path / "out")]) == 2
-    assert "device must be one of ('auto', 'cpu', 'cuda') (or 'cuda:N'), got 'gpu'" in capsys.readouterr().err
+    assert "--device must be one of ('auto', 'cpu', 'cuda') (or 'cuda:N'), got 'gpu'" in capsys.readouterr().err
 
 
 def test_cli_runs_on_mat_files_in_the_real_format(tmp_path, capsys):

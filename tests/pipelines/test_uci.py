@@ -118,7 +118,7 @@ def test_a_gpu_that_is_not_there_is_refused_before_an_earlier_runs_files_go(tmp_
 
 def test_jobs_below_one_are_an_error(tmp_path, capsys):
     assert main(["uci", "--dataset", "breast", "--models", "mean", "--jobs", "0", "--out", str(tmp_path)]) == 2
-    assert "jobs must be at least 1" in capsys.readouterr().err
+    assert "--jobs must be at least 1, got 0" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("option", ["--iterations", "--batch-size", "--n-samples", "--importance-samples", "--runs",
