@@ -22,14 +22,20 @@ from baselines._als import ridge_rows
 from baselines._checks import check_fitted, check_pairs, check_ratings, check_sample_weight
 
 
+# the grid MFConfig's defaults were chosen on, and which `baselines.registry.tune_baseline` searches
+MF_GRID: tuple[dict[str, float], ...] = tuple({"n_factors": n, "l2": l2} for n in (5, 10, 20)
+                                              for l2 in (0.1, 0.2, 0.3, 0.5, 1.0, 3.0, 10.0))
+
+
 @dataclass
 class MFConfig:
     """Hyper-parameters of biased MF.
 
     Defaults were chosen by a 10% validation split of the Coat *train* (MNAR) ratings with
-    ``baselines.selection.select_config`` (never the MCAR test): over n_factors {5, 10, 20} x l2
-    {0.1, 0.2, 0.3, 0.5, 1, 3, 10} the best was 20 / 0.2 (validation MSE 1.142); n_iters 10, 15 and 30
-    agreed to 0.001. Re-run the selection on another data set's train ratings rather than reuse these.
+    ``baselines.selection.select_config`` (never the MCAR test): over ``MF_GRID``, n_factors {5, 10, 20} x
+    l2 {0.1, 0.2, 0.3, 0.5, 1, 3, 10}, the best was 20 / 0.2 (validation MSE 1.142); n_iters 10, 15 and 30
+    agreed to 0.001. On another data set choose again (``baselines.registry.tune_baseline``, or
+    ``mnar-recsys ratings --tune-baselines``) rather than reuse these.
 
     Attributes:
         n_factors: latent dimension of p_u and q_i.

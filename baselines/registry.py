@@ -1,14 +1,21 @@
-"""Build any rating baseline by name: ``make_baseline("mf-ips", mcar_sample=sample, seed=1)``."""
+"""Build any rating baseline by name, ``make_baseline("mf-ips", mcar_sample=sample, seed=1)``, and choose its
+hyper-parameters on the train ratings, ``tune_baseline("mf", train, seed=1)``."""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
+import numpy as np
+import scipy.sparse as sp
+
+from baselines._checks import check_ratings
 from baselines.base import Recommender
 from baselines.constant import ConstantPredictor, TrainMean
 from baselines.ips import IPSMatrixFactorization
-from baselines.mf import MatrixFactorization
-from baselines.pmf import ProbabilisticMF
+from baselines.mf import MF_GRID, MatrixFactorization
+from baselines.pmf import PMF_GRID, ProbabilisticMF
+from baselines.propensities import MaskPropensityConfig, mask_propensities, naive_bayes_propensities
+from baselines.selection import select_config
 
 _FACTORIES: dict[str, Callable[..., Recommender]] = {
     "mf": MatrixFactorization,
@@ -31,3 +38,44 @@ def make_baseline(name: str, **kwargs: object) -> Recommender:
     if name not in _FACTORIES:
         raise ValueError(f"unknown baseline {name!r}; choose from {', '.join(BASELINES)}")
     return _FACTORIES[name](**kwargs)
+
+
+# the grid each tunable baseline's hyper-parameters are chosen from; the MF-IPS models share MF's
+GRIDS: dict[str, tuple[dict[str, float], ...]] = {"mf": MF_GRID, "pmf": PMF_GRID, "mf-ips": MF_GRID,
+                                                  "mf-ips-mask": MF_GRID}
+
+
+def tune_baseline(name: str, train: sp.csr_matrix, *, seed: int = 0, mcar_sample: sp.csr_matrix | None = None,
+                  fraction: float = 0.1, **kwargs: Any) -> tuple[dict, list[tuple[dict, float]]]:
+    """Choose baseline `name`'s hyper-parameters from ``GRIDS[name]`` on a held-out `fraction` of the
+    `train` ratings (drawn with `seed`), never on MCAR test ratings beyond the `mcar_sample` that mf-ips
+    trains with: (the chosen keywords, every (keywords, validation score) tried). Other `kwargs` (e.g.
+    rating_scale) go to every model built.
+
+    MF and PMF are scored by their held-out MSE, as their defaults were chosen. The held-out ratings are
+    MNAR like the rest, so the MF-IPS models are scored by its IPS estimate, each held-out squared error
+    weighted by 1 / the propensity the model trains with (Naive-Bayes from the train ratings and the MCAR
+    sample; the mask model's, fitted to the whole train mask, for mf-ips-mask), as Schnabel et al. (2016)
+    select them.
+    """
+    if name not in GRIDS:
+        raise ValueError(f"baseline {name!r} has no hyper-parameters to tune; tunable: {', '.join(GRIDS)}")
+    train = check_ratings(train)
+    fit_kwargs, weigh = {}, None
+    if name == "mf-ips":
+        if mcar_sample is None:
+            raise ValueError("tuning mf-ips needs the MCAR sample it trains with: pass mcar_sample")
+        fit_kwargs = {"mcar_sample": mcar_sample}
+        propensity = naive_bayes_propensities(train, mcar_sample)
+
+        def weigh(held: sp.csr_matrix) -> np.ndarray:
+            return 1.0 / propensity(held.data)
+    elif name == "mf-ips-mask":
+        propensities = train.copy()
+        propensities.data = mask_propensities(train, MaskPropensityConfig(seed=seed))
+
+        def weigh(held: sp.csr_matrix) -> np.ndarray:
+            entries = held.tocoo()
+            return 1.0 / np.asarray(propensities[entries.row, entries.col]).ravel()
+    return select_config(lambda **grid: make_baseline(name, seed=seed, **kwargs, **grid), train, GRIDS[name],
+                         fraction, seed, fit_kwargs=fit_kwargs, weigh=weigh)

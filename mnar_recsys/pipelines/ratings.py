@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from baselines.base import Recommender
-from baselines.registry import BASELINES, make_baseline
+from baselines.registry import BASELINES, GRIDS, make_baseline, tune_baseline
 from mnar_recsys.data import RatingsData, SimulatorConfig, load_coat, load_yahoo_r3, simulate_ratings
 from mnar_recsys.data.simulator import SELECTIONS
 from mnar_recsys.devices import resolve_device
@@ -73,6 +73,7 @@ class RatingsRun:
     estimator_k: tuple[int, ...] = ()
     unobserved_samples: int | None = None
     jobs: int = 1
+    tune_baselines: bool = False
 
     def __post_init__(self) -> None:
         if self.data not in DATASETS:
@@ -143,8 +144,9 @@ def _read_data(run: RatingsRun) -> RatingsData:
                                             selection=run.selection, seed=run.data_seed))
 
 
-def build(name: str, run: RatingsRun, data: RatingsData, seed: int, progress: bool) -> Recommender:
-    """A fresh, unfitted model called `name`."""
+def build(name: str, run: RatingsRun, data: RatingsData, seed: int, progress: bool,
+          tuned: dict[str, Any] | None = None) -> Recommender:
+    """A fresh, unfitted model called `name`; `tuned`: a baseline's hyper-parameters, chosen by `tune`."""
     if name == "oracle":
         return OracleRecommender(data.meta["oracle"])
     if name in VARIANTS:
@@ -157,7 +159,17 @@ def build(name: str, run: RatingsRun, data: RatingsData, seed: int, progress: bo
                                 unobserved_samples=run.unobserved_samples)
     if name in UNSEEDED:
         return make_baseline(name, rating_scale=data.rating_scale)
-    return make_baseline(name, seed=seed, rating_scale=data.rating_scale)
+    return make_baseline(name, seed=seed, rating_scale=data.rating_scale, **(tuned or {}))
+
+
+def tune(name: str, split: MCARSplit, rating_scale: tuple[float, float]) -> dict[str, Any]:
+    """Baseline `name`'s hyper-parameters chosen on 10% of the seed's train ratings held out
+    (`baselines.registry.tune_baseline`): the choice, every grid point's validation score and the seconds."""
+    start = time.perf_counter()
+    chosen, scores = tune_baseline(name, split.train, seed=split.seed, mcar_sample=split.mcar_sample,
+                                   rating_scale=rating_scale)
+    return {"chosen": chosen, "validation": [{**grid, "score": score} for grid, score in scores],
+            "seconds": time.perf_counter() - start}
 
 
 def run_settings(run: RatingsRun) -> dict[str, Any]:
@@ -212,8 +224,11 @@ def fit_one(run: RatingsRun, seed: int, name: str, progress: bool) -> tuple[dict
     split's scored ratings) and, for the estimator study's model, the study's records."""
     data = load_data(run)
     split = mcar_split(data, seed)
-    model = build(name, run, data, seed, progress)
+    tuning = tune(name, split, data.rating_scale) if run.tune_baselines and name in GRIDS else None
+    model = build(name, run, data, seed, progress, tuned=tuning and tuning["chosen"])
     record, predicted = fit_and_score(model, split)
+    if tuning is not None:
+        record["tuning"] = tuning
     record["config"] = {"run": run_settings(run), "model": model_settings(model, data.n_items)}
     studied = []
     if isinstance(model, NotMIWAERecommender):
@@ -302,7 +317,8 @@ def report(data: RatingsData, run: RatingsRun, table: str, estimator: list[dict[
              f"{data.n_users} users x {data.n_items} items, {data.train.nnz} MNAR train ratings, "
              f"{data.test.nnz} MCAR test ratings (5% per seed held out for MF-IPS and not scored). "
              f"Seeds {', '.join(map(str, run.seeds))}; not-MIWAE iterations {run.iterations}, lr {run.lr}, "
-             f"importance samples {run.importance_samples}{_subsampling_note(run)}. Mean ± sd over seeds.", "",
+             f"importance samples {run.importance_samples}{_subsampling_note(run)}.{_tuning_note(run)} "
+             "Mean ± sd over seeds.", "",
              table]
     if estimator:
         lines += ["", f"## {ESTIMATOR_MODEL}: importance samples K and the x_m factor at prediction", "",
@@ -311,6 +327,14 @@ def report(data: RatingsData, run: RatingsRun, table: str, estimator: list[dict[
     if any(name in VARIANTS for name in run.models):
         lines += ["![training curves](training_curves.png)", ""]
     return "\n".join(lines)
+
+
+def _tuning_note(run: RatingsRun) -> str:
+    tuned = [name for name in run.models if name in GRIDS]
+    if not (run.tune_baselines and tuned):
+        return ""
+    return (f" Hyper-parameters of {', '.join(tuned)} chosen for each seed on 10% of its train ratings held out "
+            "(IPS-weighted for MF-IPS).")
 
 
 def _subsampling_note(run: RatingsRun) -> str:
@@ -380,6 +404,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "(default 1: all here)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default: torch's choice; 1 is fastest on a busy machine)")
+    parser.add_argument("--tune-baselines", action="store_true",
+                        help="choose the hyper-parameters of mf, pmf, mf-ips and mf-ips-mask for each seed on 10%% "
+                             "of its train ratings held out (IPS-weighted for the MF-IPS models), never on the "
+                             "scored MCAR ratings (default: keep those chosen on Coat's train ratings)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars or per-model lines")
     parser.set_defaults(run=_run)
 
@@ -396,7 +424,8 @@ def _run(args: argparse.Namespace) -> int:
                      validation_fraction=args.validation_fraction, importance_samples=args.importance_samples,
                      device=args.device, users=args.users, items=args.items, test_users=args.test_users,
                      data_seed=args.data_seed, selection=args.selection, estimator_k=args.estimator_k,
-                     unobserved_samples=args.unobserved_samples, jobs=args.jobs)
+                     unobserved_samples=args.unobserved_samples, jobs=args.jobs,
+                     tune_baselines=args.tune_baselines)
     if not distributed.launched():
         run_ratings(run, progress=not args.no_progress)
         return 0

@@ -26,3 +26,69 @@ def test_unknown_name_and_bad_hyper_parameters():
         make_baseline("svd++")
     with pytest.raises(TypeError):
         make_baseline("mf", dims=3)
+
+
+def _held_out(train, seed):
+    from baselines.selection import validation_split
+
+    fit, held = validation_split(train, fraction=0.1, seed=seed)
+    return fit, held.tocoo()
+
+
+def test_tuning_scores_mf_by_its_held_out_mse_and_keeps_the_best(mnar_data):
+    from baselines.registry import GRIDS, tune_baseline
+
+    chosen, scores = tune_baseline("mf", mnar_data.train, seed=3)
+    fit, held = _held_out(mnar_data.train, seed=3)
+    assert [grid for grid, _ in scores] == list(GRIDS["mf"])
+    for grid, score in scores[::5]:
+        predicted = make_baseline("mf", seed=3, **grid).fit(fit).predict(held.row, held.col)
+        assert score == pytest.approx(np.mean((predicted - held.data) ** 2), rel=1e-12)
+    assert chosen == min(scores, key=lambda s: s[1])[0]
+    assert len({round(score, 6) for _, score in scores}) > 10  # the grid's points differ: the choice has teeth
+
+
+def test_tuning_mf_ips_weighs_the_held_out_errors_by_inverse_naive_bayes_propensities(mnar_data):
+    """The held-out ratings are MNAR (high ratings over-represented), so MF-IPS is scored by the IPS estimate
+    of the error over all cells: the squared errors weighted by 1 / P(O | rating), self-normalised."""
+    from baselines.propensities import naive_bayes_propensities
+    from baselines.registry import tune_baseline
+
+    sample = mnar_data.mcar_test(0.05, seed=0)
+    chosen, scores = tune_baseline("mf-ips", mnar_data.train, seed=0, mcar_sample=sample)
+    fit, held = _held_out(mnar_data.train, seed=0)
+    weights = 1 / naive_bayes_propensities(mnar_data.train, sample)(held.data)
+    assert weights.max() > 5 * weights.min()  # low ratings weigh more, so the weighting changes the score
+    for grid, score in scores[::4]:
+        predicted = make_baseline("mf-ips", seed=0, **grid).fit(fit, mcar_sample=sample).predict(held.row, held.col)
+        errors = (predicted - held.data) ** 2
+        assert score == pytest.approx(np.sum(weights * errors) / np.sum(weights), rel=1e-12)
+        assert score != pytest.approx(np.mean(errors), rel=1e-3)
+    assert chosen == min(scores, key=lambda s: s[1])[0]
+
+
+def test_tuning_mf_ips_mask_weighs_by_the_mask_models_propensities_of_the_held_out_cells(mnar_data):
+    from baselines.propensities import MaskPropensityConfig, mask_propensities
+    from baselines.registry import tune_baseline
+
+    _, scores = tune_baseline("mf-ips-mask", mnar_data.train, seed=2)
+    fit, held = _held_out(mnar_data.train, seed=2)
+    train = mnar_data.train
+    propensities = train.copy()
+    propensities.data = mask_propensities(train, MaskPropensityConfig(seed=2))  # the whole train mask
+    weights = 1 / np.asarray(propensities[held.row, held.col]).ravel()
+    grid, score = scores[0]
+    predicted = make_baseline("mf-ips-mask", seed=2, **grid).fit(fit).predict(held.row, held.col)
+    assert score == pytest.approx(np.average((predicted - held.data) ** 2, weights=weights), rel=1e-12)
+
+
+def test_tuning_refuses_what_it_cannot_tune(mnar_data):
+    from baselines.registry import tune_baseline
+    from baselines.selection import select_config
+
+    with pytest.raises(ValueError, match="'constant-2' has no hyper-parameters to tune; tunable: mf, pmf"):
+        tune_baseline("constant-2", mnar_data.train)
+    with pytest.raises(ValueError, match="tuning mf-ips needs the MCAR sample"):
+        tune_baseline("mf-ips", mnar_data.train)
+    with pytest.raises(ValueError, match="one finite positive weight per held-out rating"):
+        select_config(lambda **kw: make_baseline("mf", **kw), mnar_data.train, [{}], weigh=lambda held: held.data[1:])

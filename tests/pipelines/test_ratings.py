@@ -275,3 +275,30 @@ def test_cli_runs_the_comparison_on_yahoo_files(tmp_path, capsys):
     assert {r["n_test"] for r in records} == {expected}
     assert all(r["config"]["run"]["data"] == "yahoo" for r in records)
     assert "| mf-ips | 1 |" in capsys.readouterr().out
+
+
+def test_tune_baselines_chooses_each_seeds_hyper_parameters_on_its_train_ratings(tmp_path):
+    """--tune-baselines fits each tunable baseline with the grid point its held-out train ratings chose, and
+    records the choice, every grid point's score and the time; the untunable constant keeps none."""
+    from baselines.registry import GRIDS, tune_baseline
+
+    out = tmp_path / "tuned"
+    assert small_run(out, "--models", "mf,mf-ips,constant-2", "--tune-baselines", "--seeds", "0,1") == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["tune_baselines"] is True
+    assert "chosen for each seed on 10% of its train ratings held out" in (out / "results.md").read_text()
+    records = {(r["model"], r["seed"]): r for r in results["records"]}
+    assert "tuning" not in records["constant-2", 0]
+    data = load_data(RatingsRun(users=300, items=60, seeds=(0,)))
+    for seed in (0, 1):
+        split = mcar_split(data, seed)
+        for name in ("mf", "mf-ips"):
+            tuning = records[name, seed]["tuning"]
+            chosen, _ = tune_baseline(name, split.train, seed=seed, mcar_sample=split.mcar_sample)
+            assert tuning["chosen"] == chosen and len(tuning["validation"]) == len(GRIDS[name])
+            assert {key: records[name, seed]["config"]["model"][key] for key in chosen} == chosen
+    assert small_run(tmp_path / "plain", "--models", "mf") == 0
+    plain = json.loads((tmp_path / "plain" / "results.json").read_text())["records"][0]
+    assert "tuning" not in plain and plain["config"]["model"]["l2"] == 0.2
+    # the tuned fit is not the default one: the flag changed what was scored
+    assert plain["mse"] != records["mf", 0]["mse"]
