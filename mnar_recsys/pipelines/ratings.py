@@ -108,6 +108,8 @@ class RatingsRun:
             raise ValueError(f"--estimator-k values must be positive, got {self.estimator_k}")
         if self.estimator_k and ESTIMATOR_MODEL not in self.models:
             raise ValueError(f"--estimator-k re-imputes {ESTIMATOR_MODEL}: add it to --models")
+        if self.tune_baselines and not set(GRIDS) & set(self.models):
+            raise ValueError(f"--tune-baselines tunes {', '.join(GRIDS)}: add one of them to --models")
         if self.unobserved_samples is not None and self.unobserved_samples < 1:
             raise ValueError(f"--unobserved-samples must be at least 1, got {self.unobserved_samples}")
         check_counts(self, dict.fromkeys(("iterations", "batch_size", "importance_samples", "users", "items", "jobs"), 1))
@@ -225,7 +227,7 @@ def fit_one(run: RatingsRun, seed: int, name: str, progress: bool) -> tuple[dict
     data = load_data(run)
     split = mcar_split(data, seed)
     tuning = tune(name, split, data.rating_scale) if run.tune_baselines and name in GRIDS else None
-    model = build(name, run, data, seed, progress, tuned=tuning and tuning["chosen"])
+    model = build(name, run, data, seed, progress, tuned=None if tuning is None else tuning["chosen"])
     record, predicted = fit_and_score(model, split)
     if tuning is not None:
         record["tuning"] = tuning

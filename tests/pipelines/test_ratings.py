@@ -302,3 +302,8 @@ def test_tune_baselines_chooses_each_seeds_hyper_parameters_on_its_train_ratings
     assert "tuning" not in plain and plain["config"]["model"]["l2"] == 0.2
     # the tuned fit is not the default one: the flag changed what was scored
     assert plain["mse"] != records["mf", 0]["mse"]
+
+
+def test_tune_baselines_without_a_tunable_model_is_refused(tmp_path, capsys):
+    assert main(["ratings", "--models", "constant-2,oracle", "--tune-baselines", "--out", str(tmp_path)]) == 2
+    assert "--tune-baselines tunes mf, pmf, mf-ips, mf-ips-mask: add one of them to --models" in capsys.readouterr().err
