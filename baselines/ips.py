@@ -72,13 +72,19 @@ class IPSMatrixFactorization(MatrixFactorization):
         self.mask_config = mask_config or MaskPropensityConfig(min_relative=min_relative, seed=self.config.seed)
         self.train_propensities: np.ndarray | None = None
 
-    def fit(self, train: sp.csr_matrix, *, mcar_sample: sp.csr_matrix | None = None) -> "IPSMatrixFactorization":
+    def fit(self, train: sp.csr_matrix, *, mcar_sample: sp.csr_matrix | None = None,
+            mask_propensities_of_train: np.ndarray | None = None) -> "IPSMatrixFactorization":
         """Estimate a propensity for every stored rating of ``train``, then fit MF with weights 1 / p.
 
         ``mcar_sample`` (Naive-Bayes variant only) overrides the one given to the constructor; it must
         have ``train``'s shape and should be disjoint from the ratings later scored.
+        ``mask_propensities_of_train`` (mask variant only): what ``mask_propensities(train, self.mask_config)``
+        returns, when it is already at hand; tuning fits a model at every grid point to the same ratings, and
+        the mask model is the slow part of each fit.
         """
         train = check_ratings(train)
+        if mask_propensities_of_train is not None and self.propensity != "mask":
+            raise ValueError("mask_propensities_of_train is for the 'mask' variant")
         if self.propensity == "naive-bayes":
             sample = mcar_sample if mcar_sample is not None else self.mcar_sample
             if sample is None:
@@ -89,6 +95,10 @@ class IPSMatrixFactorization(MatrixFactorization):
         else:
             if mcar_sample is not None:
                 raise ValueError("the 'mask' variant uses no MCAR data; do not pass mcar_sample")
-            p = mask_propensities(train, self.mask_config)
+            p = mask_propensities(train, self.mask_config) if mask_propensities_of_train is None \
+                else np.asarray(mask_propensities_of_train, dtype=np.float64)
+            if p.shape != (train.nnz,) or not ((p > 0) & (p <= 1)).all():
+                raise ValueError(f"mask_propensities_of_train must hold one propensity in (0, 1] per stored rating "
+                                 f"({train.nnz}), got shape {p.shape}")
         self.train_propensities = p
         return super().fit(train, sample_weight=1.0 / p)

@@ -15,7 +15,7 @@ from baselines.ips import IPSMatrixFactorization
 from baselines.mf import MF_GRID, MatrixFactorization
 from baselines.pmf import PMF_GRID, ProbabilisticMF
 from baselines.propensities import MaskPropensityConfig, mask_propensities, naive_bayes_propensities
-from baselines.selection import select_config
+from baselines.selection import select_config, validation_split
 
 _FACTORIES: dict[str, Callable[..., Recommender]] = {
     "mf": MatrixFactorization,
@@ -50,7 +50,7 @@ def tune_baseline(name: str, train: sp.csr_matrix, *, seed: int = 0, mcar_sample
     """Choose baseline `name`'s hyper-parameters from ``GRIDS[name]`` on a held-out `fraction` of the
     `train` ratings (drawn with `seed`), never on MCAR test ratings beyond the `mcar_sample` that mf-ips
     trains with: (the chosen keywords, every (keywords, validation score) tried). Other `kwargs` (e.g.
-    rating_scale) go to every model built.
+    rating_scale, min_relative) go to every model built.
 
     MF and PMF are scored by their held-out MSE, as their defaults were chosen. The held-out ratings are
     MNAR like the rest, so the MF-IPS models are scored by its IPS estimate, each held-out squared error
@@ -58,21 +58,27 @@ def tune_baseline(name: str, train: sp.csr_matrix, *, seed: int = 0, mcar_sample
     sample; the mask model's, fitted to the whole train mask, for mf-ips-mask), as Schnabel et al. (2016)
     select them.
     """
+    if name not in _FACTORIES:
+        raise ValueError(f"unknown baseline {name!r}; choose from {', '.join(BASELINES)}")
     if name not in GRIDS:
         raise ValueError(f"baseline {name!r} has no hyper-parameters to tune; tunable: {', '.join(GRIDS)}")
     train = check_ratings(train)
+    model = make_baseline(name, seed=seed, **kwargs)  # its propensity settings weigh the held-out ratings
     fit_kwargs, weigh = {}, None
     if name == "mf-ips":
         if mcar_sample is None:
             raise ValueError("tuning mf-ips needs the MCAR sample it trains with: pass mcar_sample")
         fit_kwargs = {"mcar_sample": mcar_sample}
-        propensity = naive_bayes_propensities(train, mcar_sample)
+        propensity = naive_bayes_propensities(train, mcar_sample, min_relative=model.min_relative)
 
         def weigh(held: sp.csr_matrix) -> np.ndarray:
             return 1.0 / propensity(held.data)
     elif name == "mf-ips-mask":
         propensities = train.copy()
-        propensities.data = mask_propensities(train, MaskPropensityConfig(seed=seed))
+        propensities.data = mask_propensities(train, model.mask_config)
+        # every grid point fits the same ratings: their mask model is fitted once, not at every point
+        fit_part, _ = validation_split(train, fraction, seed)
+        fit_kwargs = {"mask_propensities_of_train": mask_propensities(fit_part, model.mask_config)}
 
         def weigh(held: sp.csr_matrix) -> np.ndarray:
             entries = held.tocoo()

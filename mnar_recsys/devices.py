@@ -30,6 +30,10 @@ def resolve_device(name: str) -> torch.device:
         raise ValueError(f"device {name!r} asks for CUDA but torch sees no GPU (torch {torch.__version__}, "
                          f"CUDA build: {torch.version.cuda or 'none'}); use --device cpu or auto")
     if ":" in name:
+        index, count = int(name.partition(":")[2]), torch.cuda.device_count()
+        if index >= count:
+            raise ValueError(f"device {name!r} asks for GPU {index} but torch sees {count} "
+                             f"(cuda:0{f' to cuda:{count - 1}' if count > 1 else ''}); use --device cuda or auto")
         return torch.device(name)
     return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
 

@@ -335,8 +335,8 @@ def _tuning_note(run: RatingsRun) -> str:
     tuned = [name for name in run.models if name in GRIDS]
     if not (run.tune_baselines and tuned):
         return ""
-    return (f" Hyper-parameters of {', '.join(tuned)} chosen for each seed on 10% of its train ratings held out "
-            "(IPS-weighted for MF-IPS).")
+    weighted = " (IPS-weighted for MF-IPS)" if {"mf-ips", "mf-ips-mask"} & set(tuned) else ""
+    return f" Hyper-parameters of {', '.join(tuned)} chosen for each seed on 10% of its train ratings held out{weighted}."
 
 
 def _subsampling_note(run: RatingsRun) -> str:

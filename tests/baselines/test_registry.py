@@ -82,10 +82,57 @@ def test_tuning_mf_ips_mask_weighs_by_the_mask_models_propensities_of_the_held_o
     assert score == pytest.approx(np.average((predicted - held.data) ** 2, weights=weights), rel=1e-12)
 
 
+def test_tuning_pmf_searches_its_own_grid_by_held_out_mse(mnar_data):
+    from baselines.registry import GRIDS, tune_baseline
+
+    chosen, scores = tune_baseline("pmf", mnar_data.train, seed=1)
+    fit, held = _held_out(mnar_data.train, seed=1)
+    assert [grid for grid, _ in scores] == list(GRIDS["pmf"]) and set(chosen) == {"n_factors", "lambda_u", "lambda_v"}
+    grid, score = scores[7]
+    predicted = make_baseline("pmf", seed=1, **grid).fit(fit).predict(held.row, held.col)
+    assert score == pytest.approx(np.mean((predicted - held.data) ** 2), rel=1e-12)
+    assert chosen == min(scores, key=lambda s: s[1])[0]
+
+
+def test_tuning_weighs_by_the_propensities_of_the_model_it_builds(mnar_data):
+    """Keywords that change the propensities (here their clip) change the weights too, not only the models."""
+    from baselines.propensities import naive_bayes_propensities
+    from baselines.registry import tune_baseline
+
+    sample = mnar_data.mcar_test(0.05, seed=0)
+    _, scores = tune_baseline("mf-ips", mnar_data.train, seed=0, mcar_sample=sample, min_relative=1.0)
+    fit, held = _held_out(mnar_data.train, seed=0)
+    weights = 1 / naive_bayes_propensities(mnar_data.train, sample, min_relative=1.0)(held.data)
+    assert not np.allclose(weights, 1 / naive_bayes_propensities(mnar_data.train, sample)(held.data))
+    grid, score = scores[0]
+    model = make_baseline("mf-ips", seed=0, min_relative=1.0, **grid).fit(fit, mcar_sample=sample)
+    assert score == pytest.approx(np.average((model.predict(held.row, held.col) - held.data) ** 2, weights=weights),
+                                  rel=1e-12)
+
+
+def test_mf_ips_mask_fits_the_same_with_its_mask_propensities_given(mnar_data):
+    from baselines.propensities import MaskPropensityConfig, mask_propensities
+
+    train = mnar_data.train
+    given = mask_propensities(train, MaskPropensityConfig(seed=4))
+    fitted = make_baseline("mf-ips-mask", seed=4).fit(train)
+    handed = make_baseline("mf-ips-mask", seed=4).fit(train, mask_propensities_of_train=given)
+    assert np.array_equal(fitted.train_propensities, handed.train_propensities)
+    u, i, _ = mnar_data.all_cells()
+    assert np.array_equal(fitted.predict(u, i), handed.predict(u, i))
+    with pytest.raises(ValueError, match="one propensity in \\(0, 1\\] per stored rating"):
+        make_baseline("mf-ips-mask").fit(train, mask_propensities_of_train=given[1:])
+    with pytest.raises(ValueError, match="for the 'mask' variant"):
+        make_baseline("mf-ips").fit(train, mcar_sample=mnar_data.mcar_test(0.05, seed=0),
+                                    mask_propensities_of_train=given)
+
+
 def test_tuning_refuses_what_it_cannot_tune(mnar_data):
     from baselines.registry import tune_baseline
     from baselines.selection import select_config
 
+    with pytest.raises(ValueError, match="unknown baseline 'svd\\+\\+'"):
+        tune_baseline("svd++", mnar_data.train)
     with pytest.raises(ValueError, match="'constant-2' has no hyper-parameters to tune; tunable: mf, pmf"):
         tune_baseline("constant-2", mnar_data.train)
     with pytest.raises(ValueError, match="tuning mf-ips needs the MCAR sample"):

@@ -9,7 +9,7 @@ import scipy.sparse as sp
 import torch
 
 from mnar_recsys.models.config import ModelConfig, build_model
-from mnar_recsys.models.gather import take
+from mnar_recsys.models.gather import sum_by_row, take
 from mnar_recsys.training.trainer import TrainConfig, fit
 
 needs_two_cores = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two CPU cores to run two threads")
@@ -65,3 +65,14 @@ def test_training_repeats_bit_for_bit_with_two_threads(torch_threads, decoder, r
         runs.append(model.state_dict())
     for name, value in runs[0].items():
         assert torch.equal(value, runs[1][name]), name
+
+
+def test_sum_by_row_adds_each_rows_entries_and_leaves_empty_rows_zero():
+    values = torch.arange(12, dtype=torch.float64).reshape(6, 2).requires_grad_()
+    rows = torch.tensor([0, 0, 2, 2, 2, 3])
+    summed = sum_by_row(values, rows, 5)
+    expected = torch.stack([values[rows == r].sum(0) if (rows == r).any() else values.new_zeros(2) for r in range(5)])
+    assert torch.equal(summed, expected)
+    upstream = torch.randn(5, 2, dtype=torch.float64)
+    summed.backward(upstream)
+    assert torch.equal(values.grad, upstream[rows])  # each entry receives its row's gradient

@@ -102,6 +102,16 @@ def test_devices_resolve_when_asked():
             resolve_device("cuda")
 
 
+def test_a_numbered_gpu_beyond_those_torch_sees_is_refused(monkeypatch):
+    """cuda:N is checked against the GPU count when a job starts, before a pipeline removes an earlier run's
+    files; torch.device('cuda:2') alone would be built and fail only at the first tensor moved there."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
+    with pytest.raises(ValueError, match=r"'cuda:2' asks for GPU 2 but torch sees 2 \(cuda:0 to cuda:1\)"):
+        resolve_device("cuda:2")
+
+
 @pytest.mark.parametrize("name, kind", [("auto", "auto"), ("cpu", "cpu"), ("cuda", "cuda"), ("cuda:1", "cuda"),
                                         ("cpu:0", "cpu"), ("tpu", None), ("cuda:x", None), ("auto:0", None), ("", None)])
 def test_device_names_are_checked_without_a_gpu(name, kind):
