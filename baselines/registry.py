@@ -14,7 +14,7 @@ from baselines.constant import ConstantPredictor, TrainMean
 from baselines.ips import IPSMatrixFactorization
 from baselines.mf import MF_GRID, MatrixFactorization
 from baselines.pmf import PMF_GRID, ProbabilisticMF
-from baselines.propensities import MaskPropensityConfig, mask_propensities, naive_bayes_propensities
+from baselines.propensities import mask_propensities, naive_bayes_propensities
 from baselines.selection import select_config, validation_split
 
 _FACTORIES: dict[str, Callable[..., Recommender]] = {
@@ -71,8 +71,9 @@ def tune_baseline(name: str, train: sp.csr_matrix, *, seed: int = 0, mcar_sample
         fit_kwargs = {"mcar_sample": mcar_sample}
         propensity = naive_bayes_propensities(train, mcar_sample, min_relative=model.min_relative)
 
-        def weigh(held: sp.csr_matrix) -> np.ndarray:
+        def weigh_by_rating(held: sp.csr_matrix) -> np.ndarray:
             return 1.0 / propensity(held.data)
+        weigh = weigh_by_rating
     elif name == "mf-ips-mask":
         propensities = train.copy()
         propensities.data = mask_propensities(train, model.mask_config)
@@ -80,8 +81,9 @@ def tune_baseline(name: str, train: sp.csr_matrix, *, seed: int = 0, mcar_sample
         fit_part, _ = validation_split(train, fraction, seed)
         fit_kwargs = {"mask_propensities_of_train": mask_propensities(fit_part, model.mask_config)}
 
-        def weigh(held: sp.csr_matrix) -> np.ndarray:
+        def weigh_by_cell(held: sp.csr_matrix) -> np.ndarray:
             entries = held.tocoo()
             return 1.0 / np.asarray(propensities[entries.row, entries.col]).ravel()
+        weigh = weigh_by_cell
     return select_config(lambda **grid: make_baseline(name, seed=seed, **kwargs, **grid), train, GRIDS[name],
                          fraction, seed, fit_kwargs=fit_kwargs, weigh=weigh)
