@@ -34,6 +34,13 @@ def check_counts(config: object, least: dict[str, int]) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be at least {bound}, got {value}")
 
 
+def check_no_repeats(label: str, values: tuple | list) -> None:
+    """Refuse an option that names a value twice: each would run again and count as another run."""
+    repeated = sorted({v for v in values if values.count(v) > 1}, key=str)
+    if repeated:
+        raise ValueError(f"{label} names {', '.join(map(str, repeated))} more than once")
+
+
 def check_device_option(name: str) -> None:
     """Refuse a device name that no machine has, as the config is made, naming `--device`."""
     try:

@@ -33,7 +33,7 @@ from mnar_recsys.evaluation.protocol import MCARSplit, fit_and_score, mcar_split
 from mnar_recsys.evaluation.reports import (markdown_table, provenance, remove_previous, summarise, write_atomic,
                                            write_json)
 from mnar_recsys.inference.importance import ImportanceConfig
-from mnar_recsys.pipelines.arguments import check_counts, check_device_option
+from mnar_recsys.pipelines.arguments import check_counts, check_device_option, check_no_repeats
 from mnar_recsys.pipelines.workers import run_tasks
 from mnar_recsys.training import distributed
 from mnar_recsys.training.distributed import BACKENDS
@@ -100,10 +100,8 @@ class RatingsRun:
             raise ValueError(f"--lr must be positive, got {self.lr}")
         if not 0 <= self.validation_fraction < 1:
             raise ValueError(f"--validation-fraction must lie in [0, 1), got {self.validation_fraction}")
-        for label, values in (("--models", self.models), ("--seeds", self.seeds)):
-            repeated = sorted({v for v in values if values.count(v) > 1}, key=str)
-            if repeated:
-                raise ValueError(f"{label} names {', '.join(map(str, repeated))} more than once")
+        check_no_repeats("--models", self.models)
+        check_no_repeats("--seeds", self.seeds)
         if any(k < 1 for k in self.estimator_k):
             raise ValueError(f"--estimator-k values must be positive, got {self.estimator_k}")
         if self.estimator_k and ESTIMATOR_MODEL not in self.models:

@@ -19,7 +19,7 @@ import numpy as np
 from baselines.dense_imputers import DENSE_IMPUTERS, make_dense_imputer
 from mnar_recsys.devices import resolve_device
 from mnar_recsys.pipelines.arguments import (add_config_options, check_counts, check_device_option,
-                                                config_from_options, option)
+                                                check_no_repeats, config_from_options, option)
 from mnar_recsys.data.amputation import apply_mask, paper_self_masking, standardize
 from mnar_recsys.data.uci import UCI_DATASETS, UCI_NAMES, load_uci, paper_dataset
 from mnar_recsys.estimators.imputer import NotMIWAEImputer
@@ -215,9 +215,7 @@ def run_uci(datasets: list[str], models: list[str], config: UCIConfig, out: Path
     unknown = sorted(set(models) - set(MODELS))
     if unknown:
         raise ValueError(f"unknown model(s) {unknown}; choose from {', '.join(MODELS)}")
-    repeated = sorted({m for m in models if models.count(m) > 1})
-    if repeated:  # each would run again on the same seeds and count as more runs
-        raise ValueError(f"--models names {', '.join(repeated)} more than once")
+    check_no_repeats("--models", models)
     if jobs < 1:
         raise ValueError(f"--jobs must be at least 1, got {jobs}")
     data = {name: masked_dataset(load_uci(name, data_dir), config.offset) for name in datasets}  # fail early
