@@ -11,40 +11,23 @@ from __future__ import annotations
 import numbers
 
 import numpy as np
-import torch
 from sklearn.base import BaseEstimator, OneToOneFeatureMixin, TransformerMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from baselines._dense_checks import column_name, non_numeric_error
+from mnar_recsys.devices import resolve_device
 from mnar_recsys.inference import importance
 from mnar_recsys.models.config import ModelConfig, build_model
+from mnar_recsys.training.seeds import seeded
 from mnar_recsys.training.trainer import TrainConfig, fit
 
 DECODERS = ("gaussian", "linear")
 MISSING = ("mcar", "agnostic", "self-masking", "self-masking-known")
 # per-feature missing models can have x_m integrated out (less noisy weights); the others must sample it
 _PER_FEATURE = ("self-masking", "self-masking-known")
-
-
-def _column_name(names, j: int) -> str:
-    """'column j', with its name when the data came with column names."""
-    return f"column {j} ({names[j]!r})" if names is not None else f"column {j}"
-
-
-def _non_numeric(X) -> tuple[int, object] | None:
-    """(column, value) of the first entry that is not a number (strings, objects), or None."""
-    array = np.asarray(X, dtype=object)
-    if array.ndim != 2:
-        return None
-    for j in range(array.shape[1]):
-        for value in array[:, j]:
-            if isinstance(value, numbers.Number):  # complex too: scikit-learn's own message covers it
-                continue
-            try:
-                float(value)
-            except (TypeError, ValueError):
-                return j, value
-    return None
+# the fitted attributes scikit-learn's validate_data sets from the training data
+_INPUT_ATTRIBUTES = ("n_features_in_", "feature_names_in_")
 
 
 class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
@@ -114,13 +97,10 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
         try:
             return validate_data(self, X, dtype=np.float64, ensure_all_finite="allow-nan", reset=reset)
         except ValueError as error:
-            bad = _non_numeric(X)
-            if bad is None:
+            named = non_numeric_error(X, "NotMIWAEImputer")
+            if named is None:
                 raise
-            j, value = bad
-            column = _column_name(getattr(X, "columns", None), j)
-            raise ValueError(f"NotMIWAEImputer: {column} holds the non-numeric value {value!r}; "
-                             "encode it as a number, or as NaN when missing") from error
+            raise named from error
 
     def model_config(self, n_features: int) -> ModelConfig:
         """The architecture this estimator trains for `n_features` features."""
@@ -139,15 +119,29 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
                            init="glorot")
 
     def fit(self, X, y=None) -> "NotMIWAEImputer":
-        """Train on X (NaN = missing); y is ignored."""
+        """Train on X (NaN = missing); y is ignored. A fit that fails leaves the last fit whole, and the
+        caller's torch random state is as it was."""
+        input_attributes = {name: getattr(self, name) for name in _INPUT_ATTRIBUTES if hasattr(self, name)}
+        try:
+            return self._fit(X)
+        except BaseException:
+            # validate_data(reset=True) sets these before anything can fail: put back the last fit's
+            for name in _INPUT_ATTRIBUTES:
+                if name in input_attributes:
+                    setattr(self, name, input_attributes[name])
+                elif hasattr(self, name):
+                    delattr(self, name)
+            raise
+
+    def _fit(self, X) -> "NotMIWAEImputer":
         X = self._validate(X, reset=True)
         empty = np.flatnonzero(np.isnan(X).all(axis=0))
         if empty.size:
-            names = ", ".join(_column_name(getattr(self, "feature_names_in_", None), j) for j in empty)
+            names = ", ".join(column_name(getattr(self, "feature_names_in_", None), j) for j in empty)
             raise ValueError(f"NotMIWAEImputer: {names} entirely missing: nothing can be learnt about it "
                              "(drop it before imputing)")
         config = self.model_config(X.shape[1])
-        importance.check_sampled_imputation(self.sampled_imputation)  # here, not after training
+        self._importance_config(seed=0)  # refuses bad importance settings here, not after training
         if not (isinstance(self.n_init, numbers.Integral) and self.n_init >= 1):
             raise ValueError(f"n_init must be a positive integer, got {self.n_init!r}")
         train = TrainConfig(iterations=self.iterations, batch_size=self.batch_size, n_samples=self.n_samples,
@@ -165,9 +159,9 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
         for i in range(self.n_init):
             seed = int(rng.randint(2 ** 31 - 1))
             train.seed = seed
-            torch.manual_seed(seed)  # initialisation; `fit` seeds its own sampling streams
-            model = build_model(config)
-            history = fit(model, standardized, train)
+            with seeded(seed, resolve_device(self.device)):  # initialisation; `fit` seeds its own streams
+                model = build_model(config)
+                history = fit(model, standardized, train)
             score = -np.inf
             if scores is not None:
                 score = self._mean_log_likelihood(model, seed, standardized)
@@ -180,10 +174,13 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
         self.model_, self.history_, self.seed_ = best
         return self
 
+    def _importance_config(self, seed: int) -> importance.ImportanceConfig:
+        return importance.ImportanceConfig(n_samples=self.importance_samples, seed=seed, device=self.device,
+                                           progress=self.progress, sampled_imputation=self.sampled_imputation)
+
     def _mean_log_likelihood(self, model, seed: int, standardized: np.ndarray) -> float:
         """Mean over the rows of log p(x_o, s) under `model`, in standardised units."""
-        config = importance.ImportanceConfig(n_samples=self.importance_samples, seed=seed, device=self.device,
-                                             progress=self.progress)
+        config = self._importance_config(seed)
         return float(importance.log_likelihood(model, standardized, config=config).mean())
 
     def transform(self, X) -> np.ndarray:
@@ -194,10 +191,7 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
         if not np.isnan(X).any():
             return out
         result = importance.impute(self.model_, (X - self.mean_) / self.scale_,
-                                   config=importance.ImportanceConfig(n_samples=self.importance_samples,
-                                                                      seed=self.seed_, device=self.device,
-                                                                      progress=self.progress,
-                                                                      sampled_imputation=self.sampled_imputation))
+                                   config=self._importance_config(self.seed_))
         out[result.rows, result.cols] = result.mean * self.scale_[result.cols] + self.mean_[result.cols]
         return out
 

@@ -13,14 +13,15 @@ from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
-import torch
 
 from baselines._checks import check_fitted, check_pairs, check_ratings
+from mnar_recsys.devices import resolve_device
 from mnar_recsys.evaluation.reports import atomic_path
 from mnar_recsys.inference.importance import ImportanceConfig, Imputation, impute
 from mnar_recsys.models.config import ModelConfig, build_model
 from mnar_recsys.models.notmiwae import NotMIWAE
 from mnar_recsys.training import checkpoint
+from mnar_recsys.training.seeds import seeded
 from mnar_recsys.training.trainer import History, TrainConfig, fit
 
 TRAIN_FILE = "train.npz"
@@ -110,9 +111,10 @@ class NotMIWAERecommender:
         """Train on the stored (observed) ratings of `train`, one row per user."""
         train = check_ratings(train)
         cfg = self.config
-        torch.manual_seed(cfg.seed)
-        model = build_model(cfg.model_config(train.shape[1]))
-        self.history = fit(model, train, replace(cfg.train, seed=cfg.seed))
+        # the caller's torch random state is left as it was
+        with seeded(cfg.seed, resolve_device(cfg.train.device)):
+            model = build_model(cfg.model_config(train.shape[1]))
+            self.history = fit(model, train, replace(cfg.train, seed=cfg.seed))
         self.model, self.train = model, train
         return self
 
@@ -135,13 +137,15 @@ class NotMIWAERecommender:
                       config=replace(self.config.importance, seed=self.config.seed))
 
     def save(self, directory: str | Path) -> Path:
-        """Write the model (checkpoint format), the recommender config and the train matrix."""
+        """Write the train matrix and the model (checkpoint format) with the recommender config, whose
+        record of the files' digests lets `load` refuse a save that was interrupted."""
         check_fitted(self, "model")
-        directory = checkpoint.save(self.model, self.config.model_config(self.train.shape[1]), directory,
-                                    extra={"recommender": {**self.config.to_dict(), "name": self.name}})
+        directory = Path(directory)
         with atomic_path(directory / TRAIN_FILE, suffix=".npz") as tmp:
             sp.save_npz(tmp, self.train)
-        return directory
+        return checkpoint.save(self.model, self.config.model_config(self.train.shape[1]), directory,
+                               extra={"recommender": {**self.config.to_dict(), "name": self.name}},
+                               companions=(TRAIN_FILE,))
 
     @classmethod
     def load(cls, directory: str | Path, map_location: str = "cpu") -> "NotMIWAERecommender":

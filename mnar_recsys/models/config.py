@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import asdict, dataclass, fields
 
 from torch import nn
@@ -77,8 +78,12 @@ class ModelConfig:
                               ("activation", tuple(ACTIVATIONS)), ("init", INITS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        if self.n_features < 1 or self.latent_dim < 1:
-            raise ValueError(f"n_features and latent_dim must be positive, got {self.n_features}, {self.latent_dim}")
+        for name in ("n_features", "latent_dim", "embedding_dim", "code_dim"):
+            if not (isinstance(getattr(self, name), numbers.Integral) and getattr(self, name) >= 1):
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        for name in ("encoder_hidden", "decoder_hidden", "missing_hidden", "conv_channels"):
+            if not all(isinstance(size, numbers.Integral) and size >= 1 for size in getattr(self, name)):
+                raise ValueError(f"{name} must hold positive integers (layer widths), got {getattr(self, name)!r}")
         if self.missing == "self-masking-known" and self.missing_sign not in (-1, 1):
             raise ValueError(f"self-masking-known needs missing_sign -1 (large values go missing) or +1 (large "
                              f"values are observed), got {self.missing_sign!r}")

@@ -127,6 +127,22 @@ def test_a_failed_refit_leaves_the_last_fit_whole(self_masked, monkeypatch):
     with pytest.raises(RuntimeError, match="training failed"):
         imputer.fit(100 + 10 * Xm)
     np.testing.assert_array_equal(imputer.transform(Xm), before)
+    # refused before training, on data of another width, with names: the width and names stay the last fit's
+    narrower = pd.DataFrame(Xm[:, :5], columns=list("vwxyz"))
+    narrower["z"] = np.nan
+    with pytest.raises(ValueError, match="entirely missing"):
+        imputer.fit(narrower)
+    assert imputer.n_features_in_ == 6 and not hasattr(imputer, "feature_names_in_")
+    np.testing.assert_array_equal(imputer.transform(Xm), before)
+
+
+def test_fit_leaves_the_callers_torch_random_state_alone(self_masked):
+    _, _, Xm = self_masked
+    torch.manual_seed(1)
+    expected = torch.rand(3)
+    torch.manual_seed(1)
+    NotMIWAEImputer(**TINY).fit(Xm)
+    torch.testing.assert_close(torch.rand(3), expected, rtol=0, atol=0)
 
 
 def test_bad_input(self_masked):
@@ -150,6 +166,12 @@ def test_bad_input(self_masked):
         NotMIWAEImputer(**{**TINY, "decoder": "conv"}).fit(Xm)
     with pytest.raises(ValueError, match="missing must be one of"):
         NotMIWAEImputer(**{**TINY, "missing": "itemwise"}).fit(Xm)
+    with pytest.raises(ValueError, match=r"encoder_hidden must hold positive integers.*\(0, 0\)"):
+        NotMIWAEImputer(**{**TINY, "hidden": 0}).fit(Xm)
+    with pytest.raises(ValueError, match="latent_dim must be a positive integer, got 2.5"):
+        NotMIWAEImputer(**{**TINY, "latent_dim": 2.5}).fit(Xm)
+    with pytest.raises(ValueError, match="n_samples must be at least 1, got 0"):  # before training, not in transform
+        NotMIWAEImputer(**{**TINY, "importance_samples": 0}).fit(Xm)
     fitted = NotMIWAEImputer(**TINY).fit(Xm)
     with pytest.raises(ValueError, match="X has 5 features"):
         fitted.transform(Xm[:, :5])

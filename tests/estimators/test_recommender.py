@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import torch
 
 from baselines.registry import make_baseline
 from mnar_recsys.data import SimulatorConfig, simulate_ratings
@@ -104,6 +105,31 @@ def test_same_seed_same_predictions_and_save_load_round_trip(small_ratings, tmp_
     np.testing.assert_allclose(loaded.predict(users, items), predicted, rtol=1e-4)
     with pytest.raises(FileNotFoundError):
         NotMIWAERecommender.load(tmp_path / "nothing")
+
+
+def test_a_save_interrupted_over_an_earlier_one_is_refused_on_load(small_ratings, tmp_path, monkeypatch):
+    """Each file is replaced atomically, but one after the other: a save stopped between them would leave one
+    model's ratings beside another's weights, which config.json's digests catch."""
+    make_recommender("notmiwae-gaussian", seed=0, **QUICK).fit(small_ratings.train).save(tmp_path / "model")
+    other = make_recommender("notmiwae-categorical", seed=1, **QUICK).fit(small_ratings.train[:-1])
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("mnar_recsys.training.checkpoint.torch.save", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        other.save(tmp_path / "model")
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match=r"train.npz is not the file .*config.json was saved with"):
+        NotMIWAERecommender.load(tmp_path / "model")
+
+
+def test_fit_leaves_the_callers_torch_random_state_alone(small_ratings):
+    torch.manual_seed(1)
+    expected = torch.rand(3)
+    torch.manual_seed(1)
+    make_recommender("notmiwae-gaussian", seed=0, **QUICK).fit(small_ratings.train)
+    torch.testing.assert_close(torch.rand(3), expected, rtol=0, atol=0)
 
 
 def test_oracle_predicts_the_expected_ratings(small_ratings):
