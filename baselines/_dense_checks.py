@@ -2,25 +2,67 @@
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
+from sklearn.utils import check_array
+
+
+def column_name(names, j: int) -> str:
+    """'column j', with its name when the data came with column names."""
+    return f"column {j} ({names[j]!r})" if names is not None else f"column {j}"
+
+
+def non_numeric_entry(X) -> tuple[int, object] | None:
+    """(column, value) of the first entry that is not a number (strings, objects), or None."""
+    array = np.asarray(X, dtype=object)
+    if array.ndim != 2:
+        return None
+    for j in range(array.shape[1]):
+        for value in array[:, j]:
+            if isinstance(value, numbers.Number):  # complex too: scikit-learn's own message covers it
+                continue
+            try:
+                float(value)
+            except (TypeError, ValueError):
+                return j, value
+    return None
+
+
+def non_numeric_error(X, name: str) -> ValueError | None:
+    """A ValueError naming the column (and its name) of X's first non-numeric entry, or None."""
+    bad = non_numeric_entry(X)
+    if bad is None:
+        return None
+    j, value = bad
+    return ValueError(f"{name}: {column_name(getattr(X, 'columns', None), j)} holds the non-numeric value "
+                      f"{value!r}; encode it as a number, or as NaN when missing")
 
 
 def check_missing_data(X, name: str, *, fitting: bool, n_features: int | None = None) -> np.ndarray:
-    """X as a float64 2-d array; infinities are rejected, and when ``fitting`` so is an all-missing column."""
-    X = np.array(X, dtype=np.float64)  # a copy: imputers never modify the caller's array
-    if X.ndim != 2:
-        raise ValueError(f"{name}: expected a 2-d array (rows x features), got shape {X.shape}")
-    if X.shape[0] == 0:
+    """X as a float64 2-d array (pandas' missing values become NaN); infinities and non-numeric entries are
+    rejected, and when ``fitting`` so is an all-missing column."""
+    try:  # a copy: imputers never modify the caller's array
+        array = check_array(X, dtype=np.float64, copy=True, ensure_all_finite=False, ensure_2d=False,
+                            allow_nd=True, ensure_min_samples=0, ensure_min_features=0)
+    except (TypeError, ValueError) as error:
+        named = non_numeric_error(X, name)
+        if named is None:
+            raise
+        raise named from error
+    if array.ndim != 2:
+        raise ValueError(f"{name}: expected a 2-d array (rows x features), got shape {array.shape}")
+    if array.shape[0] == 0:
         raise ValueError(f"{name}: X has no rows")
-    if np.isinf(X).any():
+    if np.isinf(array).any():
         raise ValueError(f"{name}: X contains infinite values (use NaN to mark missing entries)")
-    if n_features is not None and X.shape[1] != n_features:
-        raise ValueError(f"{name}: X has {X.shape[1]} features, but the imputer was fitted on {n_features}")
+    if n_features is not None and array.shape[1] != n_features:
+        raise ValueError(f"{name}: X has {array.shape[1]} features, but the imputer was fitted on {n_features}")
     if fitting:
-        empty = np.flatnonzero(np.isnan(X).all(axis=0))
+        empty = np.flatnonzero(np.isnan(array).all(axis=0))
         if empty.size:
             raise ValueError(
                 f"{name}: column(s) {empty.tolist()} are entirely missing; nothing can be learnt about them "
                 f"(drop them before imputing)"
             )
-    return X
+    return array

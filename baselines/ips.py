@@ -10,7 +10,8 @@ Two named variants:
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import asdict
+from typing import Any, Literal
 
 import numpy as np
 import scipy.sparse as sp
@@ -71,6 +72,12 @@ class IPSMatrixFactorization(MatrixFactorization):
         self.min_relative = min_relative
         self.mask_config = mask_config or MaskPropensityConfig(min_relative=min_relative, seed=self.config.seed)
         self.train_propensities: np.ndarray | None = None
+
+    def propensity_settings(self) -> dict[str, Any]:
+        """How the propensities are estimated, for a results record."""
+        if self.propensity == "naive-bayes":
+            return {"estimator": "naive-bayes", "min_relative": self.min_relative}
+        return {"estimator": "mask", **asdict(self.mask_config)}
 
     def fit(self, train: sp.csr_matrix, *, mcar_sample: sp.csr_matrix | None = None,
             mask_propensities_of_train: np.ndarray | None = None) -> "IPSMatrixFactorization":

@@ -26,8 +26,8 @@ def load_coat(data_dir: str | Path) -> RatingsData:
 
     Row u / column j keep their positions (``user_ids``/``item_ids`` are 0..289 / 0..299).
     Warns (``ChecksumWarning``) on a sha256 differing from the published files; raises
-    FileNotFoundError for a missing file and ValueError, naming file and line, for a wrong shape
-    or a value that is not an integer in {0} u 1..5.
+    FileNotFoundError for a missing file and ValueError, naming file and line, for a wrong shape,
+    a value that is not an integer in {0} u 1..5, or a user or item rated in test but not in train.
     """
     data_dir = Path(data_dir)
     matrices, digests = {}, {}
@@ -35,6 +35,7 @@ def load_coat(data_dir: str | Path) -> RatingsData:
         path = require_file(data_dir / name, CARD)
         digests[name] = check_sha256(path, SHA256[name], CARD)
         matrices[name] = read_dense_ratings(path, SHAPE, RATING_SCALE)
+    _check_known(matrices["test.ascii"], matrices["train.ascii"], data_dir)
     train, test = (_sparse(matrices[n]) for n in ("train.ascii", "test.ascii"))
     return RatingsData(
         name="coat",
@@ -76,6 +77,19 @@ def read_dense_ratings(path: Path, shape: tuple[int, int], rating_scale: tuple[i
             )
         rows.append(values.astype(np.int64))
     return np.vstack(rows)
+
+
+def _check_known(test: np.ndarray, train: np.ndarray, data_dir: Path) -> None:
+    """Every user and item rated in the test matrix must have train ratings, as the published files' do."""
+    rated = train > 0
+    users = np.flatnonzero((test > 0).any(axis=1) & ~rated.any(axis=1))
+    if len(users):
+        raise ValueError(f"{data_dir / 'test.ascii'}, line {users[0] + 1}: this user has test ratings but none "
+                         f"in train.ascii (line {users[0] + 1} is all zeros there)")
+    items = np.flatnonzero((test > 0).any(axis=0) & ~rated.any(axis=0))
+    if len(items):
+        raise ValueError(f"{data_dir / 'test.ascii'}, column {items[0] + 1}: this item has test ratings but none "
+                         f"in train.ascii (column {items[0] + 1} is all zeros there)")
 
 
 def _sparse(dense: np.ndarray) -> sp.csr_matrix:

@@ -55,8 +55,8 @@ def _parse_text(path: Path, spec: _Spec) -> np.ndarray:
         kept = range(*spec.keep)
         row = []
         for col in kept:
-            try:
-                value = float(fields[col])
+            try:  # float() also reads Python's digit separators ('3_6'), which no UCI file holds
+                value = float(fields[col]) if "_" not in fields[col] else math.nan
             except ValueError:
                 value = math.nan
             if not math.isfinite(value):  # float() also reads 'nan' and 'inf', which no UCI file holds

@@ -31,7 +31,7 @@ def load_yahoo_r3(data_dir: str | Path) -> RatingsData:
     shape is the train file's largest user and song ids (15,400 x 1,000 for the published files).
     Warns (``ChecksumWarning``) when a file's sha256 differs from the published one; raises
     FileNotFoundError for a missing file and ValueError, naming file and line, for malformed rows,
-    ids outside 1..15,400 (users) or 1..1,000 (songs), or test ids beyond the train file's range.
+    ids outside 1..15,400 (users) or 1..1,000 (songs), or a test user or song with no train rating.
     """
     data_dir = Path(data_dir)
     paths = {f: require_file(data_dir / f, CARD) for f in (TRAIN_FILE, TEST_FILE)}
@@ -45,7 +45,7 @@ def load_yahoo_r3(data_dir: str | Path) -> RatingsData:
     for t in (train, test):
         _check_ids(t)
     shape = (int(train.users.max()), int(train.items.max()))
-    _check_within(test, shape, train.source)
+    _check_known(test, train)
     return RatingsData(
         name="yahoo_r3",
         train=to_csr(train.users - 1, train.items - 1, train.ratings, shape),
@@ -69,10 +69,11 @@ def _check_ids(t: Triples) -> None:
                                   "load other (user, item, rating) files with load_triples")
 
 
-def _check_within(test: Triples, shape: tuple[int, int], train_source: str) -> None:
-    for kind, ids, n in (("user", test.users, shape[0]), ("song", test.items, shape[1])):
-        bad = np.flatnonzero(ids > n)
+def _check_known(test: Triples, train: Triples) -> None:
+    """Every test user and song must have train ratings, as the published files' do: a model has learnt
+    nothing of the others, and their MCAR scores would measure the prior."""
+    for kind, ids, known in (("user", test.users, train.users), ("song", test.items, train.items)):
+        bad = np.flatnonzero(~np.isin(ids, known))
         if len(bad):
-            raise test.error(
-                bad[0], f"{kind} id {ids[bad[0]]} is unknown to the train data ({train_source} has {kind}s 1..{n})"
-            )
+            raise test.error(bad[0], f"{kind} id {ids[bad[0]]} is unknown to the train data "
+                                     f"(no rating in {train.source})")

@@ -3,6 +3,7 @@
 import warnings
 
 import numpy as np
+import pandas as pd
 import pytest
 from sklearn.base import clone
 from sklearn.exceptions import ConvergenceWarning, NotFittedError
@@ -83,6 +84,20 @@ def test_transform_checks_width_and_infinities(name, low_rank):
     bad[0, 0] = np.inf
     with pytest.raises(ValueError, match="infinite values"):
         imputer.transform(bad)
+
+
+@pytest.mark.parametrize("name", list(DENSE_IMPUTERS))
+def test_pandas_missing_values_are_nan_and_a_non_numeric_value_is_named(name, low_rank):
+    Xm = low_rank[2]
+    frame = pd.DataFrame(Xm, columns=list("abcdef")).astype("Float64")  # NaN becomes pandas' NA
+    assert frame.isna().to_numpy().sum() == np.isnan(Xm).sum() > 0
+    # to rounding: a frame's values arrive column-major, which changes the order of some sums
+    np.testing.assert_allclose(make_dense_imputer(name, **FAST[name]).fit(frame).transform(frame),
+                               make_dense_imputer(name, **FAST[name]).fit(Xm).transform(Xm), rtol=1e-9, atol=1e-12)
+    words = pd.DataFrame(Xm, columns=list("abcdef")).astype(object)
+    words.iloc[3, 2] = "high"
+    with pytest.raises(ValueError, match=r"column 2 \('c'\) holds the non-numeric value 'high'"):
+        make_dense_imputer(name, **FAST[name]).fit(words)
 
 
 def test_unknown_name():

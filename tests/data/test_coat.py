@@ -118,3 +118,24 @@ def test_bad_value(tmp_path, value):
     write_coat(tmp_path, train, test)
     with pytest.raises(ValueError, match=rf"train\.ascii, line 10, column 5: expected 0 \(not rated\) or an integer rating 1\.\.5, found '{value}'"):
         load_quietly(tmp_path)
+
+
+def test_users_and_items_rated_in_test_but_not_in_train(tmp_path):
+    train, test = small_coat(tmp_path)
+    test[11, :] = 0
+    test[11, 7] = 3
+    train[11, :] = 0
+    write_coat(tmp_path, train, test)
+    with pytest.raises(ValueError, match=r"test\.ascii, line 12: this user has test ratings but none in train\.ascii"):
+        load_quietly(tmp_path)
+    train, test = small_coat(tmp_path)
+    test[:, 41] = 0
+    test[5, 41] = 2
+    train[:, 41] = 0
+    write_coat(tmp_path, train, test)
+    with pytest.raises(ValueError, match=r"test\.ascii, column 42: this item has test ratings but none in train\.ascii"):
+        load_quietly(tmp_path)
+    train[:, 41] = 0
+    test[:, 41] = 0  # unrated in both: a column like any other
+    write_coat(tmp_path, train, test)
+    assert load_quietly(tmp_path).train.shape == coat.SHAPE

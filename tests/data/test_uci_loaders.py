@@ -111,9 +111,9 @@ def test_wrong_column_count_names_line(tmp_path):
         load_uci("banknote", tmp_path, verify=False)
 
 
-@pytest.mark.parametrize("value", ["abc", "nan", "NaN", "inf", "-Infinity"])
+@pytest.mark.parametrize("value", ["abc", "nan", "NaN", "inf", "-Infinity", "1_0"])
 def test_non_numeric_or_non_finite_names_line_and_column(tmp_path, value):
-    """Python's float() reads 'nan' and 'inf'; a loaded NaN would pass for a missing value downstream."""
+    """Python's float() reads 'nan', 'inf' and '1_0'; a loaded NaN would pass for a missing value downstream."""
     row = ["842302", "M"] + ["1.0"] * 30
     bad = list(row)
     bad[5] = value

@@ -152,6 +152,15 @@ def test_test_song_unknown_to_train(tmp_path):
         load_quietly(write_yahoo(tmp_path, test=[(1, 2, 1), (1, 6, 2), (2, 7, 3)]))
 
 
+def test_test_ids_within_the_range_but_without_train_ratings(tmp_path):
+    """Train rates songs 1, 2, 3, 5, 6 and users 1..4: song 4 and, once its one rating goes, user 3 are unknown."""
+    with pytest.raises(ValueError, match=rf"{TEST_FILE}, line 2: song id 4 is unknown to the train data \(no rating in"):
+        load_quietly(write_yahoo(tmp_path, test=[(1, 2, 1), (2, 4, 3)]))
+    train = [row for row in TRAIN if row[0] != 3] + [(5, 6, 1)]
+    with pytest.raises(ValueError, match=rf"{TEST_FILE}, line 1: user id 3 is unknown to the train data"):
+        load_quietly(write_yahoo(tmp_path, train=train, test=[(3, 2, 1)]))
+
+
 def test_blank_lines_are_skipped_and_line_numbers_kept(tmp_path):
     rows = [tuple(map(str, row)) for row in TRAIN]
     (tmp_path / TRAIN_FILE).write_bytes(("\r\n".join("\t".join(r) for r in rows[:2]) + "\r\n\r\n2\t4\t9\r\n").encode())
