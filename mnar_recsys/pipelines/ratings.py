@@ -22,6 +22,8 @@ import numpy as np
 import torch
 
 from baselines.base import Recommender
+from baselines.constant import ConstantPredictor
+from baselines.ips import IPSMatrixFactorization
 from baselines.registry import BASELINES, GRIDS, make_baseline, tune_baseline
 from mnar_recsys.data import RatingsData, SimulatorConfig, load_coat, load_yahoo_r3, simulate_ratings
 from mnar_recsys.data.simulator import SELECTIONS
@@ -29,7 +31,7 @@ from mnar_recsys.devices import resolve_device
 from mnar_recsys.estimators.recommender import VARIANTS, NotMIWAERecommender, OracleRecommender, make_recommender
 from mnar_recsys.evaluation import plots
 from mnar_recsys.evaluation.metrics import mae, mse
-from mnar_recsys.evaluation.protocol import MCARSplit, fit_and_score, mcar_split
+from mnar_recsys.evaluation.protocol import MCAR_SAMPLE_FRACTION, MCARSplit, fit_and_score, mcar_split
 from mnar_recsys.evaluation.reports import (markdown_table, provenance, remove_previous, summarise, write_atomic,
                                            write_json)
 from mnar_recsys.inference.importance import ImportanceConfig
@@ -102,6 +104,7 @@ class RatingsRun:
             raise ValueError(f"--validation-fraction must lie in [0, 1), got {self.validation_fraction}")
         check_no_repeats("--models", self.models)
         check_no_repeats("--seeds", self.seeds)
+        check_no_repeats("--estimator-k", self.estimator_k)
         if any(k < 1 for k in self.estimator_k):
             raise ValueError(f"--estimator-k values must be positive, got {self.estimator_k}")
         if self.estimator_k and ESTIMATOR_MODEL not in self.models:
@@ -139,9 +142,14 @@ def _read_data(run: RatingsRun) -> RatingsData:
         return load_coat(run.data_dir)
     if run.data == "yahoo":
         return load_yahoo_r3(run.data_dir)
-    test_users = run.test_users if run.test_users is not None else max(1, run.users * 5_400 // 15_400)
-    return simulate_ratings(SimulatorConfig(n_users=run.users, n_items=run.items, n_test_users=test_users,
-                                            selection=run.selection, seed=run.data_seed))
+    return simulate_ratings(SimulatorConfig(n_users=run.users, n_items=run.items,
+                                            n_test_users=simulated_test_users(run), selection=run.selection,
+                                            seed=run.data_seed))
+
+
+def simulated_test_users(run: RatingsRun) -> int:
+    """--test-users, by default Yahoo! R3's share of users with MCAR ratings (5,400 of 15,400)."""
+    return run.test_users if run.test_users is not None else max(1, run.users * 5_400 // 15_400)
 
 
 def build(name: str, run: RatingsRun, data: RatingsData, seed: int, progress: bool,
@@ -176,18 +184,25 @@ def run_settings(run: RatingsRun) -> dict[str, Any]:
     """The run's configuration (the simulator's settings only when it ran), how many processes train together,
     the device `auto` chose and the CPU threads (a seed repeats a run bit for bit at a fixed number of
     threads), for the results."""
-    settings = {name: value for name, value in asdict(run).items()
-                if run.data == "synthetic" or name not in SYNTHETIC_ONLY}
-    return {**settings, "processes": distributed.world_size(), "device_used": str(resolve_device(run.device)),
-            "threads": torch.get_num_threads() if run.jobs == 1 else 1}
+    if run.data == "synthetic":
+        settings = {**asdict(run), "test_users": simulated_test_users(run)}
+    else:
+        settings = {name: value for name, value in asdict(run).items() if name not in SYNTHETIC_ONLY}
+    return {**settings, "mcar_sample_fraction": MCAR_SAMPLE_FRACTION, "processes": distributed.world_size(),
+            "device_used": str(resolve_device(run.device)), "threads": torch.get_num_threads() if run.jobs == 1 else 1}
 
 
 def model_settings(model: Recommender, n_items: int) -> dict[str, Any]:
     """The model's own configuration, for the results record."""
     if isinstance(model, NotMIWAERecommender):
         return model.config.as_fitted(n_items)
+    if isinstance(model, ConstantPredictor):  # after fitting: the train mean's value is then known
+        return {"value": model.value, "rating_scale": model.rating_scale}
     config = getattr(model, "config", None)
-    return asdict(config) if is_dataclass(config) else {}
+    settings = asdict(config) if is_dataclass(config) else {}
+    if isinstance(model, IPSMatrixFactorization):
+        settings["propensities"] = model.propensity_settings()
+    return settings
 
 
 def estimator_study(model: NotMIWAERecommender, split: MCARSplit, ks: tuple[int, ...]) -> list[dict[str, Any]]:

@@ -44,8 +44,9 @@ def _row(record: dict[str, Any], protocol: dict[str, Any]) -> str:
     """The table row of a record: its model, marked when its sampled x_m were imputed from the draws and
     when it is the best of several fits (the baselines, which have no model config, are neither)."""
     model_config = (record.get("config") or {}).get("model") or {}
+    # the MIWAE's factor reads 'sampled' too, but it has no missing model to draw x_m for: it imputes alike
     drawn = protocol.get("sampled_imputation", "decoder-mean") == "draws" \
-        and model_config.get("missing_factor") == "sampled"
+        and model_config.get("missing_factor") == "sampled" and model_config.get("missing") != "mcar"
     n_init = protocol.get("n_init", 1) if model_config else 1
     return record["model"] + (DRAWN if drawn else "") + (f" (best of {n_init})" if n_init > 1 else "")
 

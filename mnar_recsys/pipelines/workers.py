@@ -7,6 +7,7 @@ the command line does: small models gain little from a second thread and much fr
 from __future__ import annotations
 
 import multiprocessing
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any, TypeVar
@@ -20,7 +21,9 @@ Task = TypeVar("Task", bound=tuple)
 
 def run_tasks(function: Callable[..., Any], tasks: Sequence[Task], jobs: int) -> Iterator[tuple[Task, Any]]:
     """Yield (task, function(*task)) for every task: in order here when `jobs` is 1, else as they finish
-    in `jobs` workers. `function` and the tasks must pickle; after a failure no further task starts."""
+    in `jobs` workers. `function` and the tasks must pickle. After a failure no further task starts; with
+    workers, the tasks already running finish and are yielded (an hour's training is not thrown away),
+    then the failure is raised."""
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
     if jobs == 1:
@@ -29,12 +32,24 @@ def run_tasks(function: Callable[..., Any], tasks: Sequence[Task], jobs: int) ->
         return
     pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
                                initializer=_start_worker)
+    failure: BaseException | None = None
     try:
         futures = {pool.submit(function, *task): task for task in tasks}
         for future in as_completed(futures):
+            if future.cancelled():
+                continue
+            if future.exception() is not None:
+                if failure is None:
+                    failure = future.exception()
+                    cancelled = sum(other.cancel() for other in futures)
+                    print(f"a run failed ({failure!r}); {cancelled} not started are dropped, and the running "
+                          "ones finish first", file=sys.stderr, flush=True)
+                continue
             yield futures[future], future.result()
     finally:
         pool.shutdown(cancel_futures=True)
+    if failure is not None:
+        raise failure
 
 
 def _start_worker() -> None:

@@ -67,6 +67,8 @@ def test_cli_refuses_bad_requests(tmp_path, capsys):
     assert "--models names mf more than once" in capsys.readouterr().err
     assert main(["ratings", "--seeds", "0,1,0", "--out", str(tmp_path)]) == 2
     assert "--seeds names 0 more than once" in capsys.readouterr().err
+    assert main(["ratings", "--estimator-k", "10,10", "--out", str(tmp_path)]) == 2
+    assert "--estimator-k names 10 more than once" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("arguments, message", [
@@ -229,6 +231,21 @@ def test_cli_unobserved_samples_is_recorded(tmp_path, capsys):
     assert "7 unobserved items per user" in (out / "results.md").read_text()
     assert main(["ratings", "--unobserved-samples", "0", "--out", str(tmp_path)]) == 2
     assert "--unobserved-samples must be at least 1" in capsys.readouterr().err
+
+
+def test_baseline_records_keep_their_propensity_settings_and_the_constants_value(tmp_path):
+    out = tmp_path / "run"
+    assert small_run(out, "--models", "mf-ips,mf-ips-mask,constant-2,train-mean") == 0
+    records = {r["model"]: r["config"] for r in json.loads((out / "results.json").read_text())["records"]}
+    assert records["mf-ips"]["model"]["propensities"] == {"estimator": "naive-bayes", "min_relative": 0.1}
+    mask = records["mf-ips-mask"]["model"]["propensities"]
+    assert mask["estimator"] == "mask" and mask["regularization"] == 3.0 and mask["factors"] == 30
+    assert records["mf-ips-mask"]["model"]["l2"] == records["mf-ips"]["model"]["l2"]  # the MF settings stay
+    assert records["constant-2"]["model"] == {"value": 2.0, "rating_scale": [1.0, 5.0]}
+    assert 1 < records["train-mean"]["model"]["value"] < 5
+    # the simulator's default test users, resolved, and the MCAR sample's share
+    assert records["mf-ips"]["run"]["test_users"] == 300 * 5_400 // 15_400
+    assert records["mf-ips"]["run"]["mcar_sample_fraction"] == 0.05
 
 
 @pytest.mark.parametrize("option", ["--iterations", "--batch-size", "--importance-samples", "--users", "--items"])

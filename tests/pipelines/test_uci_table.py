@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from mnar_recsys.cli import main
+from mnar_recsys.pipelines.uci_table import _row
 
 QUICK = ["--dataset", "breast", "--iterations", "5", "--importance-samples", "10", "--runs", "1"]
 
@@ -114,3 +115,14 @@ def test_a_variant_merges_beside_its_data_set_and_unknown_sets_are_refused(tmp_p
     assert main(["uci-table", results(tmp_path / "d", "yeast-7", 0), "--out", str(tmp_path / "u")]) == 2
     assert "record 0 is on 'yeast-7', not one of banknote, concrete, red, white, yeast, yeast-no-erl, breast" \
         in capsys.readouterr().err
+
+
+def test_the_miwae_imputing_alike_either_way_gets_no_drawn_row():
+    """The MIWAE's missing factor reads 'sampled' as the agnostic model's does, but with no missing model it
+    imputes the same under --sampled-imputation draws: its runs pool with the others rather than get a row."""
+    draws = {"sampled_imputation": "draws"}
+    miwae = {"model": "miwae", "config": {"model": {"missing": "mcar", "missing_factor": "sampled"}}}
+    agnostic = {"model": "notmiwae-agnostic", "config": {"model": {"missing": "agnostic", "missing_factor": "sampled"}}}
+    assert _row(miwae, draws) == "miwae"
+    assert _row(agnostic, draws) == "notmiwae-agnostic (drawn x_m)"
+    assert _row(agnostic, {"sampled_imputation": "decoder-mean"}) == "notmiwae-agnostic"
