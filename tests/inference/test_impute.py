@@ -206,11 +206,13 @@ def _z_free_self_masking(slope: float, threshold: float, missing_factor: str = "
     return model, (grid * density).sum() / density.sum(), grid[np.searchsorted(cdf, 0.5)]
 
 
-@pytest.mark.parametrize("slope, threshold", [(20.0, 1.5), (5.0, 3.0), (50.0, 0.0)])
+@pytest.mark.parametrize("slope, threshold", [(20.0, 1.5), (5.0, 3.0), (50.0, 0.0), (3.0, 7.0), (20.0, 8.5)])
 def test_median_and_draws_follow_a_steep_tilt(slope, threshold):
     """A steep missing process is a near step in the posterior: one 8-point rule over the line put the median
     of (20, 1.5) at 8.00 (exact 1.83) and left 52% of the draws of (3, 3) untilted after 200 rejection rounds.
-    The median (exact to 0.005) and the draws (to Monte Carlo error) now follow the exact posterior."""
+    The median (exact to 0.005) and the draws (to Monte Carlo error) now follow the exact posterior, also where
+    the mask pushes it past 6 decoder sd, the ends of a probability scale centred at the decoder's mean
+    ((3, 7): median 2.27, exact 3.00; (20, 8.5): -8.00, exact 8.53, before the scale was centred at the mode)."""
     model, exact_mean, exact_median = _z_free_self_masking(slope, threshold)
     data = np.random.default_rng(0).normal(size=(4, 3))
     data[:, 0] = np.nan
