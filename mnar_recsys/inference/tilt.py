@@ -112,7 +112,8 @@ class Posterior:
         def log_tilted(x: torch.Tensor) -> torch.Tensor:
             return -0.5 * ((x - self.loc) / self.scale) ** 2 + F.logsigmoid(self._signed_logits(x))
 
-        lo, hi, step = self.loc - _MODE_RANGE * self.scale, self.loc + _MODE_RANGE * self.scale, _MODE_STEP * self.scale
+        lo, hi = self.loc - _MODE_RANGE * self.scale, self.loc + _MODE_RANGE * self.scale
+        step = _MODE_STEP * self.scale
         for _ in range(_MODE_BISECTIONS):
             mid = 0.5 * (lo + hi)
             rising = log_tilted(mid + step) > log_tilted(mid - step)
