@@ -20,7 +20,7 @@ from mnar_recsys.evaluation.reports import atomic_path
 from mnar_recsys.inference.importance import ImportanceConfig, Imputation, impute
 from mnar_recsys.models.config import ModelConfig, build_model
 from mnar_recsys.models.notmiwae import NotMIWAE
-from mnar_recsys.training import checkpoint
+from mnar_recsys.training import checkpoint, distributed
 from mnar_recsys.training.seeds import seeded
 from mnar_recsys.training.trainer import History, TrainConfig, fit
 
@@ -141,8 +141,9 @@ class NotMIWAERecommender:
         record of the files' digests lets `load` refuse a save that was interrupted."""
         check_fitted(self, "model")
         directory = Path(directory)
-        with atomic_path(directory / TRAIN_FILE, suffix=".npz") as tmp:
-            sp.save_npz(tmp, self.train)
+        if distributed.is_main_process():  # as in checkpoint.save: every process of a data-parallel job holds it
+            with atomic_path(directory / TRAIN_FILE, suffix=".npz") as tmp:
+                sp.save_npz(tmp, self.train)
         return checkpoint.save(self.model, self.config.model_config(self.train.shape[1]), directory,
                                extra={"recommender": {**self.config.to_dict(), "name": self.name}},
                                companions=(TRAIN_FILE,))
