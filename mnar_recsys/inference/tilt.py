@@ -7,15 +7,15 @@ bound integrates on), its CDF for the conditional median, and draws for multiple
 (x_m sampled, or a missing model that couples the features) use the decoder untilted here.
 
 Discrete decoders sum their levels exactly. A Gaussian decoder's CDF and draws integrate on the probability
-scale u = Φ((x - m) / scale) of a Gaussian of the decoder's scale centred at the tilted density's mode m, with
-Gauss-Legendre panels graded geometrically towards the point where the selection logit changes sign: a steep
-missing process is a near step in u there. The integrand is the tilted density over that Gaussian's, which for
-a linear selection logit is largest at m and falls off at least as fast as the Gaussian (the tilted density is
-log-concave and no wider), so the scale's ends, 6 scales from m, lose nothing. One eight-node rule over the
+scale u = Φ((x - c) / scale), where the Gaussian's mass is uniform, with Gauss-Legendre panels graded
+geometrically towards the point where the selection logit changes sign: a steep missing process is a near step
+in u there. The scale ends 6 scales from its centre c, the decoder's mean, so a posterior that the mask pushes
+further out (its mode more than 3 scales from the mean) is integrated on a scale centred at its mode m instead:
+the integrand is then the tilted density over that Gaussian's, which for a linear selection logit is largest at
+m and falls off at least as fast (the tilted density is log-concave and no wider). One eight-node rule over the
 whole line had put the tilted CDF's limit at 0.43 for a slope of 20 and the median at the end of its bracket
-(8.0, exact 1.83); a scale centred at the decoder's mean rather than at m had lost a posterior pushed into the
-decoder's tail (slope 3 and threshold 7 in decoder scales: median 2.27, exact 3.00; slope 20, threshold 8.5:
-median -8.0, exact 8.53).
+(8.0, exact 1.83); the decoder-centred scale alone lost a posterior pushed into the decoder's tail (slope 3 and
+threshold 7 in decoder scales: median 2.27, exact 3.00; slope 20, threshold 8.5: median -8.0, exact 8.53).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ _BISECTIONS = 50  # halvings of an interval of u in float64: beyond its resoluti
 # the mode is sought within this many decoder scales of the decoder's mean: a linear logit of slope w moves it
 # by at most |w| scale², so this covers slopes up to 40 per decoder scale
 _MODE_RANGE, _MODE_BISECTIONS, _MODE_STEP = 40.0, 40, 1e-3  # the slope's sign from x ± _MODE_STEP scales
+_RECENTRE = 3.0  # a mode this many decoder scales out puts mass beyond the decoder-centred scale's ends
 
 
 def selection_logits(model: NotMIWAE, x: torch.Tensor, cols: torch.Tensor,
@@ -88,8 +89,13 @@ class Posterior:
         # float64: the split and the panels resolve u near 0 and 1, beyond float32's spacing there
         loc, scale = (t.double() for t in params)
         self.loc, self.scale = loc, scale
-        self.centre = self._mode()
-        self.log_peak = self._log_ratio(self.centre)
+        mode = self._mode()
+        # the decoder's own scale unless the mode lies far out in it: the integrand is then Pr(s | x) itself,
+        # bounded whatever the tilt's shape (a non-monotone level-wise logit has two modes, which a scale centred
+        # at one of them resolves badly at the other)
+        recentred = (mode - loc).abs() > _RECENTRE * scale
+        self.centre = torch.where(recentred, mode, loc)
+        self.log_peak = torch.where(recentred, self._log_ratio(self.centre), torch.zeros_like(loc))
         lo, hi = torch.full_like(loc, _U_EDGE), torch.full_like(loc, 1 - _U_EDGE)
         split = self._logit_sign_change(lo, hi)
         # panel edges from lo up to the split and from the split up to hi, each side graded towards the split
@@ -126,7 +132,8 @@ class Posterior:
         return shift + F.logsigmoid(self._signed_logits(x))
 
     def _density(self, u: torch.Tensor) -> torch.Tensor:
-        """The integrand at probability u: the tilted density over the scale's Gaussian, 1 at the mode."""
+        """The integrand at probability u: the tilted density over the scale's Gaussian (Pr(s | x) on the decoder's
+        own scale, 1 at the mode on a scale centred there)."""
         return (self._log_ratio(self._value(u)) - self.log_peak).exp()
 
     def _value(self, u: torch.Tensor) -> torch.Tensor:
