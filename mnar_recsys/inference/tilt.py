@@ -7,15 +7,16 @@ bound integrates on), its CDF for the conditional median, and draws for multiple
 (x_m sampled, or a missing model that couples the features) use the decoder untilted here.
 
 Discrete decoders sum their levels exactly. A Gaussian decoder's CDF and draws integrate on the probability
-scale u = Φ((x - c) / scale), where the Gaussian's mass is uniform, with Gauss-Legendre panels graded
-geometrically towards the point where the selection logit changes sign: a steep missing process is a near step
-in u there. The scale ends 6 scales from its centre c, the decoder's mean, so a posterior that the mask pushes
-further out (its mode more than 3 scales from the mean) is integrated on a scale centred at its mode m instead:
-the integrand is then the tilted density over that Gaussian's, which for a linear selection logit is largest at
-m and falls off at least as fast (the tilted density is log-concave and no wider). One eight-node rule over the
-whole line had put the tilted CDF's limit at 0.43 for a slope of 20 and the median at the end of its bracket
-(8.0, exact 1.83); the decoder-centred scale alone lost a posterior pushed into the decoder's tail (slope 3 and
-threshold 7 in decoder scales: median 2.27, exact 3.00; slope 20, threshold 8.5: median -8.0, exact 8.53).
+scale u = Φ((x - c) / scale), with Gauss-Legendre panels graded geometrically towards the point where the
+selection logit changes sign: a steep missing process is a near step in u there. For a selection logit affine in
+x the tilted density is log-concave and no wider than the decoder's Gaussian, and c is its mode: the integrand,
+the tilted density over the Gaussian of the scale, is then largest at c and falls off at least as fast, and the
+scale's ends, 6 scales from c, lose nothing. Other logits (level-wise) keep c at the decoder's mean, where the
+integrand is Pr(s | x) itself. One eight-node rule over the whole line had put the tilted CDF's limit at 0.43
+for a slope of 20 and the median at the end of its bracket (8.0, exact 1.83); centred at the decoder's mean, the
+scale lost a posterior the mask pushes into the decoder's tail (slope 3 and threshold 7 in decoder scales: median
+2.27, exact 3.00; slope 20, threshold 8.5: median -8.0, exact 8.53) and graded its panels away from one pushed
+less far (slope 2, threshold 6: median 1.80, exact 2.00).
 """
 
 from __future__ import annotations
@@ -33,10 +34,7 @@ _LEGENDRE = list(zip(*(a.tolist() for a in np.polynomial.legendre.leggauss(8))))
 _PANEL_RATIO, _PANELS_PER_SIDE = 1 / 8, 8  # each panel an eighth of the one before, towards the split
 _U_EDGE = 1e-9  # the probability scale stops this far from 0 and 1, where erfinv is infinite
 _BISECTIONS = 50  # halvings of an interval of u in float64: beyond its resolution
-# the mode is sought within this many decoder scales of the decoder's mean: a linear logit of slope w moves it
-# by at most |w| scale², so this covers slopes up to 40 per decoder scale
-_MODE_RANGE, _MODE_BISECTIONS, _MODE_STEP = 40.0, 40, 1e-3  # the slope's sign from x ± _MODE_STEP scales
-_RECENTRE = 3.0  # a mode this many decoder scales out puts mass beyond the decoder-centred scale's ends
+_MODE_BISECTIONS = 40  # halvings of the interval that holds an affine tilt's mode
 
 
 def selection_logits(model: NotMIWAE, x: torch.Tensor, cols: torch.Tensor,
@@ -89,13 +87,15 @@ class Posterior:
         # float64: the split and the panels resolve u near 0 and 1, beyond float32's spacing there
         loc, scale = (t.double() for t in params)
         self.loc, self.scale = loc, scale
-        mode = self._mode()
-        # the decoder's own scale unless the mode lies far out in it: the integrand is then Pr(s | x) itself,
-        # bounded whatever the tilt's shape (a non-monotone level-wise logit has two modes, which a scale centred
-        # at one of them resolves badly at the other)
-        recentred = (mode - loc).abs() > _RECENTRE * scale
-        self.centre = torch.where(recentred, mode, loc)
-        self.log_peak = torch.where(recentred, self._log_ratio(self.centre), torch.zeros_like(loc))
+        # an affine logit's tilt is log-concave: its scale is centred at the one mode. Any other keeps the
+        # decoder's, on which the integrand is Pr(s | x) itself, bounded whatever the tilt's shape (a level-wise
+        # logit that is not monotone can make two modes, and a scale centred at one resolves the other badly)
+        self.centre, self.shift = self.loc, None
+        if model.missing_model.affine:
+            self.centre = self._affine_mode()
+            # log N(x; loc) - log N(x; centre) = shift (x - centre) + a constant
+            self.shift = (self.loc - self.centre) / self.scale ** 2
+            self.log_peak = F.logsigmoid(self._signed_logits(self.centre).double())
         lo, hi = torch.full_like(loc, _U_EDGE), torch.full_like(loc, 1 - _U_EDGE)
         split = self._logit_sign_change(lo, hi)
         # panel edges from lo up to the split and from the split up to hi, each side graded towards the split
@@ -108,33 +108,33 @@ class Posterior:
         self.total = self.cumulative[..., -1]
 
     def _signed_logits(self, x: torch.Tensor, nodes: bool = False) -> torch.Tensor:
-        """The logits of Pr(s_j | x_j, z_k) at values x (B, K, T), or (B, K, T, H) with nodes, in x's dtype."""
+        """The logits of Pr(s_j | x_j, z_k) at values x (B, K, T), or (B, K, T, H) with nodes."""
         sign = self.sign[..., None] if nodes else self.sign
         # the missing model computes in its own precision; x's float64 matters only for u near 0 and 1
-        return (sign * selection_logits(self.model, x.to(self.dtype), self.cols, self.offset)).to(x.dtype)
+        return sign * selection_logits(self.model, x.to(self.dtype), self.cols, self.offset)
 
-    def _mode(self) -> torch.Tensor:
-        """The tilted density's mode, by bisection on the sign of its slope."""
-        def log_tilted(x: torch.Tensor) -> torch.Tensor:
-            return -0.5 * ((x - self.loc) / self.scale) ** 2 + F.logsigmoid(self._signed_logits(x))
-
-        lo, hi = self.loc - _MODE_RANGE * self.scale, self.loc + _MODE_RANGE * self.scale
-        step = _MODE_STEP * self.scale
+    def _affine_mode(self) -> torch.Tensor:
+        """The mode of N(loc, scale²) tilted by σ(a x + b): where the log density's slope
+        -(x - loc) / scale² + a σ(-(a x + b)), falling in x, is 0, which lies between loc and loc + a scale²."""
+        intercept = self._signed_logits(torch.zeros_like(self.loc)).double()
+        slope = self._signed_logits(torch.ones_like(self.loc)).double() - intercept
+        ends = (self.loc, self.loc + slope * self.scale ** 2)
+        lo, hi = torch.minimum(*ends), torch.maximum(*ends)
         for _ in range(_MODE_BISECTIONS):
             mid = 0.5 * (lo + hi)
-            rising = log_tilted(mid + step) > log_tilted(mid - step)
+            rising = slope * torch.sigmoid(-(slope * mid + intercept)) > (mid - self.loc) / self.scale ** 2
             lo, hi = torch.where(rising, mid, lo), torch.where(rising, hi, mid)
         return 0.5 * (lo + hi)
 
-    def _log_ratio(self, x: torch.Tensor) -> torch.Tensor:
-        """log of the tilted density over the Gaussian of the probability scale (up to a constant)."""
-        shift = ((x - self.centre) ** 2 - (x - self.loc) ** 2) / (2 * self.scale ** 2)
-        return shift + F.logsigmoid(self._signed_logits(x))
-
     def _density(self, u: torch.Tensor) -> torch.Tensor:
-        """The integrand at probability u: the tilted density over the scale's Gaussian (Pr(s | x) on the decoder's
-        own scale, 1 at the mode on a scale centred there)."""
-        return (self._log_ratio(self._value(u)) - self.log_peak).exp()
+        """The integrand at probability u: the tilted density over the scale's Gaussian, Pr(s | x) on the decoder's
+        own scale, and on a scale centred at an affine tilt's mode that ratio divided by its value there, 1."""
+        x = self._value(u)
+        logits = self._signed_logits(x)  # the integrand, in [0, 1], is computed in the logits' precision
+        if self.shift is None:
+            return torch.sigmoid(logits).to(x.dtype)
+        exponent = (self.shift * (x - self.centre) - self.log_peak).to(self.dtype)
+        return (exponent + F.logsigmoid(logits)).exp().to(x.dtype)
 
     def _value(self, u: torch.Tensor) -> torch.Tensor:
         return self.centre + self.scale * math.sqrt(2.0) * torch.erfinv(2 * u - 1)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import multiprocessing
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Any, TypeVar
 
 import torch
@@ -32,20 +32,31 @@ def run_tasks(function: Callable[..., Any], tasks: Sequence[Task], jobs: int) ->
         return
     pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
                                initializer=_start_worker)
+    waiting, running = iter(tasks), {}
     failure: BaseException | None = None
+
+    def start_next() -> None:
+        # one task a free worker: the pool would queue more, and a queued task can no longer be cancelled
+        task = next(waiting, None)
+        if task is not None:
+            running[pool.submit(function, *task)] = task
+
     try:
-        futures = {pool.submit(function, *task): task for task in tasks}
-        for future in as_completed(futures):
-            if future.cancelled():
-                continue
-            if future.exception() is not None:
+        for _ in range(jobs):
+            start_next()
+        while running:
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                task = running.pop(future)
+                if future.exception() is not None:
+                    if failure is None:
+                        failure = future.exception()
+                        print(f"a run failed ({failure!r}); no other starts, and the {len(running)} running "
+                              "finish first", file=sys.stderr, flush=True)
+                    continue
                 if failure is None:
-                    failure = future.exception()
-                    cancelled = sum(other.cancel() for other in futures)
-                    print(f"a run failed ({failure!r}); {cancelled} not started are dropped, and the running "
-                          "ones finish first", file=sys.stderr, flush=True)
-                continue
-            yield futures[future], future.result()
+                    start_next()
+                yield task, future.result()
     finally:
         pool.shutdown(cancel_futures=True)
     if failure is not None:

@@ -25,9 +25,9 @@ def step_seed(seed: int, *path: int) -> None:
 
 @contextmanager
 def seeded(seed: int, device: torch.device) -> Iterator[None]:
-    """torch.manual_seed(seed) for the block, and the caller's random state (the CPU's and that of `device`,
-    when a GPU) as it was afterwards."""
-    cuda = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    """torch.manual_seed(seed) for the block, and the caller's random state (the CPU's and, once CUDA is in use,
+    every GPU's: `step_seed` seeds them all) as it was afterwards."""
+    cuda = range(torch.cuda.device_count()) if device.type == "cuda" or torch.cuda.is_initialized() else []
     with torch.random.fork_rng(devices=cuda):
         torch.manual_seed(seed)
         yield

@@ -206,7 +206,7 @@ def _z_free_self_masking(slope: float, threshold: float, missing_factor: str = "
     return model, (grid * density).sum() / density.sum(), grid[np.searchsorted(cdf, 0.5)]
 
 
-@pytest.mark.parametrize("slope, threshold", [(20.0, 1.5), (5.0, 3.0), (50.0, 0.0), (3.0, 7.0), (20.0, 8.5)])
+@pytest.mark.parametrize("slope, threshold", [(20.0, 1.5), (5.0, 3.0), (50.0, 0.0), (2.0, 6.0), (3.0, 7.0), (20.0, 8.5)])
 def test_median_and_draws_follow_a_steep_tilt(slope, threshold):
     """A steep missing process is a near step in the posterior: one 8-point rule over the line put the median
     of (20, 1.5) at 8.00 (exact 1.83) and left 52% of the draws of (3, 3) untilted after 200 rejection rounds.
