@@ -8,6 +8,11 @@ import numpy as np
 from sklearn.utils import check_array
 
 
+def pandas_missing_as_nan(X):
+    """X with pandas' missing markers (None, pd.NA) read as NaN, even in object columns; others as they are."""
+    return X.mask(X.isna(), np.nan) if hasattr(X, "isna") and hasattr(X, "mask") else X
+
+
 def column_name(names, j: int) -> str:
     """'column j', with its name when the data came with column names."""
     return f"column {j} ({names[j]!r})" if names is not None else f"column {j}"
@@ -42,6 +47,7 @@ def non_numeric_error(X, name: str) -> ValueError | None:
 def check_missing_data(X, name: str, *, fitting: bool, n_features: int | None = None) -> np.ndarray:
     """X as a float64 2-d array (pandas' missing values become NaN); infinities and non-numeric entries are
     rejected, and when ``fitting`` so is an all-missing column."""
+    X = pandas_missing_as_nan(X)
     try:  # a copy: imputers never modify the caller's array
         array = check_array(X, dtype=np.float64, copy=True, ensure_all_finite=False, ensure_2d=False,
                             allow_nd=True, ensure_min_samples=0, ensure_min_features=0)

@@ -15,7 +15,7 @@ from sklearn.base import BaseEstimator, OneToOneFeatureMixin, TransformerMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from baselines._dense_checks import column_name, non_numeric_error
+from baselines._dense_checks import column_name, non_numeric_error, pandas_missing_as_nan
 from mnar_recsys.devices import resolve_device
 from mnar_recsys.inference import importance
 from mnar_recsys.models.config import ModelConfig, build_model
@@ -94,6 +94,7 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
         return tags
 
     def _validate(self, X, reset: bool) -> np.ndarray:
+        X = pandas_missing_as_nan(X)
         try:
             return validate_data(self, X, dtype=np.float64, ensure_all_finite="allow-nan", reset=reset)
         except ValueError as error:

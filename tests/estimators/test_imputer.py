@@ -145,6 +145,15 @@ def test_fit_leaves_the_callers_torch_random_state_alone(self_masked):
     torch.testing.assert_close(torch.rand(3), expected, rtol=0, atol=0)
 
 
+def test_pandas_missing_markers_in_object_columns_are_missing(self_masked):
+    _, _, Xm = self_masked
+    objects = pd.DataFrame(Xm).astype(object)
+    objects[objects.isna()] = pd.NA
+    # to rounding: a frame's values arrive column-major, which changes the order of the standardisation's sums
+    np.testing.assert_allclose(NotMIWAEImputer(**TINY).fit(objects).transform(objects),
+                               NotMIWAEImputer(**TINY).fit(Xm).transform(Xm), rtol=1e-6)
+
+
 def test_bad_input(self_masked):
     _, _, Xm = self_masked
     with pytest.raises(NotFittedError):
