@@ -9,8 +9,9 @@ from sklearn.utils import check_array
 
 
 def pandas_missing_as_nan(X):
-    """X with pandas' missing markers (None, pd.NA) read as NaN, even in object columns; others as they are."""
-    return X.mask(X.isna(), np.nan) if hasattr(X, "isna") and hasattr(X, "mask") else X
+    """X with pandas' missing markers (None, pd.NA) read as NaN, in object and extension (e.g. string) columns
+    too, which would put pd.NA back; other input as it is."""
+    return X.astype(object).mask(X.isna(), np.nan) if hasattr(X, "isna") and hasattr(X, "mask") else X
 
 
 def column_name(names, j: int) -> str:

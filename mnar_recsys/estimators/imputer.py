@@ -97,7 +97,7 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
         X = pandas_missing_as_nan(X)
         try:
             return validate_data(self, X, dtype=np.float64, ensure_all_finite="allow-nan", reset=reset)
-        except ValueError as error:
+        except ValueError as error:  # not TypeError: scikit-learn's checks expect its own for a dict or the like
             named = non_numeric_error(X, "NotMIWAEImputer")
             if named is None:
                 raise

@@ -12,11 +12,12 @@ selection logit changes sign: a steep missing process is a near step in u there.
 x the tilted density is log-concave and no wider than the decoder's Gaussian, and c is its mode: the integrand,
 the tilted density over the Gaussian of the scale, is then largest at c and falls off at least as fast, and the
 scale's ends, 6 scales from c, lose nothing. Other logits (level-wise) keep c at the decoder's mean, where the
-integrand is Pr(s | x) itself. One eight-node rule over the whole line had put the tilted CDF's limit at 0.43
-for a slope of 20 and the median at the end of its bracket (8.0, exact 1.83); centred at the decoder's mean, the
-scale lost a posterior the mask pushes into the decoder's tail (slope 3 and threshold 7 in decoder scales: median
-2.27, exact 3.00; slope 20, threshold 8.5: median -8.0, exact 8.53) and graded its panels away from one pushed
-less far (slope 2, threshold 6: median 1.80, exact 2.00).
+integrand is Pr(s | x) itself, unless their mode lies more than 3 scales out. One eight-node rule over the
+whole line had put the tilted CDF's limit at 0.43 for a slope of 20 and the median at the end of its bracket
+(8.0, exact 1.83); centred at the decoder's mean, the scale lost a posterior the mask pushes into the decoder's
+tail (slope 3 and threshold 7 in decoder scales: median 2.27, exact 3.00; slope 20, threshold 8.5: median -8.0,
+exact 8.53) and graded its panels away from one pushed less far (slope 2, threshold 6: median 1.80, exact
+2.00), which a logit that is not affine still does.
 """
 
 from __future__ import annotations
@@ -34,7 +35,11 @@ _LEGENDRE = list(zip(*(a.tolist() for a in np.polynomial.legendre.leggauss(8))))
 _PANEL_RATIO, _PANELS_PER_SIDE = 1 / 8, 8  # each panel an eighth of the one before, towards the split
 _U_EDGE = 1e-9  # the probability scale stops this far from 0 and 1, where erfinv is infinite
 _BISECTIONS = 50  # halvings of an interval of u in float64: beyond its resolution
-_MODE_BISECTIONS = 40  # halvings of the interval that holds an affine tilt's mode
+_MODE_BISECTIONS = 40  # halvings of the interval that holds the tilt's mode
+# other logits: the mode is sought within _MODE_RANGE scales of the decoder's mean, the slope's sign read from
+# x ± _MODE_STEP scales, and the scale moves to it only from _RECENTRE scales out, where the decoder-centred
+# scale, which ends 6 scales out, would lose mass (a level-wise logit can make two modes near the mean)
+_MODE_RANGE, _MODE_STEP, _RECENTRE = 40.0, 1e-3, 3.0
 
 
 def selection_logits(model: NotMIWAE, x: torch.Tensor, cols: torch.Tensor,
@@ -89,13 +94,16 @@ class Posterior:
         self.loc, self.scale = loc, scale
         # an affine logit's tilt is log-concave: its scale is centred at the one mode. Any other keeps the
         # decoder's, on which the integrand is Pr(s | x) itself, bounded whatever the tilt's shape (a level-wise
-        # logit that is not monotone can make two modes, and a scale centred at one resolves the other badly)
-        self.centre, self.shift = self.loc, None
-        if model.missing_model.affine:
-            self.centre = self._affine_mode()
-            # log N(x; loc) - log N(x; centre) = shift (x - centre) + a constant
-            self.shift = (self.loc - self.centre) / self.scale ** 2
-            self.log_peak = F.logsigmoid(self._signed_logits(self.centre).double())
+        # logit that is not monotone can make two modes, and a scale centred at one resolves the other badly),
+        # unless the mode lies far out
+        mode = self._affine_mode() if model.missing_model.affine else self._searched_mode()
+        self.centre = mode if model.missing_model.affine else torch.where((mode - loc).abs() > _RECENTRE * scale,
+                                                                          mode, loc)
+        # log N(x; loc) - log N(x; centre) = shift (x - centre) + a constant; the integrand is divided by its
+        # value at a moved centre, and is Pr(s | x) itself on the decoder's scale
+        moved = self.centre != loc
+        self.shift = (loc - self.centre) / scale ** 2
+        self.log_peak = torch.where(moved, F.logsigmoid(self._signed_logits(self.centre).double()), 0.0)
         lo, hi = torch.full_like(loc, _U_EDGE), torch.full_like(loc, 1 - _U_EDGE)
         split = self._logit_sign_change(lo, hi)
         # panel edges from lo up to the split and from the split up to hi, each side graded towards the split
@@ -126,18 +134,33 @@ class Posterior:
             lo, hi = torch.where(rising, mid, lo), torch.where(rising, hi, mid)
         return 0.5 * (lo + hi)
 
+    def _searched_mode(self) -> torch.Tensor:
+        """A mode of the tilted density for any logit, by bisection on the sign of its slope."""
+        def log_tilted(x: torch.Tensor) -> torch.Tensor:
+            return -0.5 * ((x - self.loc) / self.scale) ** 2 + F.logsigmoid(self._signed_logits(x).double())
+
+        lo, hi = self.loc - _MODE_RANGE * self.scale, self.loc + _MODE_RANGE * self.scale
+        step = _MODE_STEP * self.scale
+        for _ in range(_MODE_BISECTIONS):
+            mid = 0.5 * (lo + hi)
+            rising = log_tilted(mid + step) > log_tilted(mid - step)
+            lo, hi = torch.where(rising, mid, lo), torch.where(rising, hi, mid)
+        return 0.5 * (lo + hi)
+
     def _density(self, u: torch.Tensor) -> torch.Tensor:
         """The integrand at probability u: the tilted density over the scale's Gaussian, Pr(s | x) on the decoder's
-        own scale, and on a scale centred at an affine tilt's mode that ratio divided by its value there, 1."""
+        own scale, and on a scale centred at the tilt's mode that ratio divided by its value there."""
         x = self._value(u)
-        logits = self._signed_logits(x)  # the integrand, in [0, 1], is computed in the logits' precision
-        if self.shift is None:
-            return torch.sigmoid(logits).to(x.dtype)
+        logits = self._signed_logits(x)  # the integrand, at most 1 near its mode, in the logits' precision
         exponent = (self.shift * (x - self.centre) - self.log_peak).to(self.dtype)
         return (exponent + F.logsigmoid(logits)).exp().to(x.dtype)
 
     def _value(self, u: torch.Tensor) -> torch.Tensor:
         return self.centre + self.scale * math.sqrt(2.0) * torch.erfinv(2 * u - 1)
+
+    def _probability(self, x: torch.Tensor) -> torch.Tensor:
+        """x on the probability scale."""
+        return 0.5 * (1 + torch.erf((x - self.centre) / (self.scale * math.sqrt(2.0))))
 
     def _logit_sign_change(self, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
         """Where on the probability scale the tilt crosses 1/2 (the middle where it does not cross)."""
@@ -182,8 +205,7 @@ class Posterior:
             return self.decoder.cdf(self.params, x)
         if self.discrete:
             return (self.level_probs * (self.levels <= x[..., None])).sum(-1)
-        u = (0.5 * (1 + torch.erf((x.double() - self.centre) / (self.scale * math.sqrt(2.0)))))
-        return self._mass_below(u.clamp(_U_EDGE, 1 - _U_EDGE)).to(x.dtype)
+        return self._mass_below(self._probability(x.double()).clamp(_U_EDGE, 1 - _U_EDGE)).to(x.dtype)
 
     def sample(self) -> torch.Tensor:
         """One draw per entry, (B, K, T): by inverting the tilted CDF (exact for discrete decoders)."""

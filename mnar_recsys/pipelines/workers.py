@@ -46,17 +46,19 @@ def run_tasks(function: Callable[..., Any], tasks: Sequence[Task], jobs: int) ->
             start_next()
         while running:
             done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in done:
-                task = running.pop(future)
-                if future.exception() is not None:
+            finished = [(future, running.pop(future)) for future in done]
+            # every failure of the batch first: a success beside one must not start the next task
+            for future, _ in finished:
+                if future.exception() is not None and failure is None:
+                    failure = future.exception()
+                    print(f"a run failed ({failure!r}); no other starts, and the {len(running)} running "
+                          "finish first", file=sys.stderr, flush=True)
+            for future, task in finished:
+                if future.exception() is None:
+                    yield task, future.result()
+                    # after the caller is done with the result: if it raises, no new task holds up the exit
                     if failure is None:
-                        failure = future.exception()
-                        print(f"a run failed ({failure!r}); no other starts, and the {len(running)} running "
-                              "finish first", file=sys.stderr, flush=True)
-                    continue
-                if failure is None:
-                    start_next()
-                yield task, future.result()
+                        start_next()
     finally:
         pool.shutdown(cancel_futures=True)
     if failure is not None:

@@ -94,6 +94,10 @@ def test_pandas_missing_values_are_nan_and_a_non_numeric_value_is_named(name, lo
     # to rounding: a frame's values arrive column-major, which changes the order of some sums
     np.testing.assert_allclose(make_dense_imputer(name, **FAST[name]).fit(frame).transform(frame),
                                make_dense_imputer(name, **FAST[name]).fit(Xm).transform(Xm), rtol=1e-9, atol=1e-12)
+    strings = pd.DataFrame(Xm, columns=list("abcdef")).astype(str).astype("string")
+    strings[pd.DataFrame(np.isnan(Xm), columns=list("abcdef"))] = pd.NA  # a string column keeps pd.NA
+    np.testing.assert_allclose(make_dense_imputer(name, **FAST[name]).fit(strings).transform(strings),
+                               make_dense_imputer(name, **FAST[name]).fit(Xm).transform(Xm), rtol=1e-9, atol=1e-12)
     objects = pd.DataFrame(Xm, columns=list("abcdef")).astype(object)
     objects[objects.isna()] = pd.NA  # object columns hold pandas' own missing marker as it is
     np.testing.assert_allclose(make_dense_imputer(name, **FAST[name]).fit(objects).transform(objects),

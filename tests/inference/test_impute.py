@@ -10,6 +10,7 @@ from mnar_recsys.data.rows import as_rows
 from mnar_recsys.inference.importance import ImportanceConfig, impute
 from mnar_recsys.inference.tilt import Posterior, mixture_median
 from mnar_recsys.models.config import ModelConfig, build_model
+from mnar_recsys.models.missing import FixedFunction
 
 N_FEATURES, LATENT, VARIANCE = 5, 2, 0.3
 
@@ -206,7 +207,8 @@ def _z_free_self_masking(slope: float, threshold: float, missing_factor: str = "
     return model, (grid * density).sum() / density.sum(), grid[np.searchsorted(cdf, 0.5)]
 
 
-@pytest.mark.parametrize("slope, threshold", [(20.0, 1.5), (5.0, 3.0), (50.0, 0.0), (2.0, 6.0), (3.0, 7.0), (20.0, 8.5)])
+@pytest.mark.parametrize("slope, threshold",
+                         [(20.0, 1.5), (5.0, 3.0), (50.0, 0.0), (2.0, 6.0), (3.0, 7.0), (20.0, 8.5)])
 def test_median_and_draws_follow_a_steep_tilt(slope, threshold):
     """A steep missing process is a near step in the posterior: one 8-point rule over the line put the median
     of (20, 1.5) at 8.00 (exact 1.83) and left 52% of the draws of (3, 3) untilted after 200 rejection rounds.
@@ -222,6 +224,20 @@ def test_median_and_draws_follow_a_steep_tilt(slope, threshold):
           f"{result.draws.mean():.3f}, median {np.median(result.draws):.3f}")
     np.testing.assert_allclose(result.median, exact_median, atol=0.005)
     assert abs(result.draws.mean() - exact_mean) < 0.03 and abs(np.median(result.draws) - exact_median) < 0.03
+
+
+def test_a_logit_that_is_not_affine_still_follows_a_posterior_pushed_far_out():
+    """A user's own logit function (here the affine σ(-20 (x - 8.5)) as a plain function): the scale has
+    no closed-form mode, so it is found by search, and moves there only when the mode lies far out."""
+    model = build_model(ModelConfig(n_features=1, latent_dim=1, decoder="gaussian", missing="self-masking",
+                                    squash=None)).eval()
+    model.missing_model = FixedFunction(lambda x: -20.0 * (x - 8.5))
+    grid = np.linspace(0, 12, 120_001)
+    density = np.exp(-grid ** 2 / 2 - np.logaddexp(0, -20.0 * (grid - 8.5)))  # missing: σ(20 (x - 8.5))
+    exact_median = grid[np.searchsorted(np.cumsum(density) / density.sum(), 0.5)]
+    cols, missing = torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1)
+    median = mixture_median(model, torch.ones(1, 1), (torch.zeros(1, 1, 1), torch.ones(1, 1, 1)), cols, missing, None)
+    assert abs(median.item() - exact_median) < 0.005
 
 
 def test_median_and_draws_of_a_two_mode_level_wise_posterior():
