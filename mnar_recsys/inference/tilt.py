@@ -96,9 +96,11 @@ class Posterior:
         # decoder's, on which the integrand is Pr(s | x) itself, bounded whatever the tilt's shape (a level-wise
         # logit that is not monotone can make two modes, and a scale centred at one resolves the other badly),
         # unless the mode lies far out
-        mode = self._affine_mode() if model.missing_model.affine else self._searched_mode()
-        self.centre = mode if model.missing_model.affine else torch.where((mode - loc).abs() > _RECENTRE * scale,
-                                                                          mode, loc)
+        if model.missing_model.affine:
+            self.centre = self._affine_mode()
+        else:
+            mode = self._searched_mode()
+            self.centre = torch.where((mode - loc).abs() > _RECENTRE * scale, mode, loc)
         # log N(x; loc) - log N(x; centre) = shift (x - centre) + a constant; the integrand is divided by its
         # value at a moved centre, and is Pr(s | x) itself on the decoder's scale
         moved = self.centre != loc
