@@ -35,11 +35,13 @@ _LEGENDRE = list(zip(*(a.tolist() for a in np.polynomial.legendre.leggauss(8))))
 _PANEL_RATIO, _PANELS_PER_SIDE = 1 / 8, 8  # each panel an eighth of the one before, towards the split
 _U_EDGE = 1e-9  # the probability scale stops this far from 0 and 1, where erfinv is infinite
 _BISECTIONS = 50  # halvings of an interval of u in float64: beyond its resolution
-_MODE_BISECTIONS = 40  # halvings of the interval that holds the tilt's mode
+_MODE_BISECTIONS = 40  # halvings of the interval that holds an affine tilt's mode
 # other logits: the mode is sought within _MODE_RANGE scales of the decoder's mean, the slope's sign read from
-# x ± _MODE_STEP scales, and the scale moves to it only from _RECENTRE scales out, where the decoder-centred
-# scale, which ends 6 scales out, would lose mass (a level-wise logit can make two modes near the mean)
-_MODE_RANGE, _MODE_STEP, _RECENTRE = 40.0, 1e-3, 3.0
+# x ± _MODE_STEP scales, in _SEARCH_BISECTIONS halvings (to 1e-4 scales: the scale needs no finer centre, and
+# each halving evaluates the missing model twice), and the scale moves to it only from _RECENTRE scales out,
+# where the decoder-centred scale, which ends 6 scales out, would lose mass (a level-wise logit can make two
+# modes near the mean)
+_MODE_RANGE, _MODE_STEP, _SEARCH_BISECTIONS, _RECENTRE = 40.0, 1e-3, 20, 3.0
 
 
 def selection_logits(model: NotMIWAE, x: torch.Tensor, cols: torch.Tensor,
@@ -102,10 +104,13 @@ class Posterior:
             mode = self._searched_mode()
             self.centre = torch.where((mode - loc).abs() > _RECENTRE * scale, mode, loc)
         # log N(x; loc) - log N(x; centre) = shift (x - centre) + a constant; the integrand is divided by its
-        # value at a moved centre, and is Pr(s | x) itself on the decoder's scale
+        # value at a moved centre, and is Pr(s | x) itself on the decoder's scale (a sigmoid alone, the cheaper
+        # path the median's bisection takes, where no entry's scale has moved)
         moved = self.centre != loc
-        self.shift = (loc - self.centre) / scale ** 2
-        self.log_peak = torch.where(moved, F.logsigmoid(self._signed_logits(self.centre).double()), 0.0)
+        self.shift = None
+        if moved.any():
+            self.shift = (loc - self.centre) / scale ** 2
+            self.log_peak = torch.where(moved, F.logsigmoid(self._signed_logits(self.centre).double()), 0.0)
         lo, hi = torch.full_like(loc, _U_EDGE), torch.full_like(loc, 1 - _U_EDGE)
         split = self._logit_sign_change(lo, hi)
         # panel edges from lo up to the split and from the split up to hi, each side graded towards the split
@@ -143,7 +148,7 @@ class Posterior:
 
         lo, hi = self.loc - _MODE_RANGE * self.scale, self.loc + _MODE_RANGE * self.scale
         step = _MODE_STEP * self.scale
-        for _ in range(_MODE_BISECTIONS):
+        for _ in range(_SEARCH_BISECTIONS):
             mid = 0.5 * (lo + hi)
             rising = log_tilted(mid + step) > log_tilted(mid - step)
             lo, hi = torch.where(rising, mid, lo), torch.where(rising, hi, mid)
@@ -154,6 +159,8 @@ class Posterior:
         own scale, and on a scale centred at the tilt's mode that ratio divided by its value there."""
         x = self._value(u)
         logits = self._signed_logits(x)  # the integrand, at most 1 near its mode, in the logits' precision
+        if self.shift is None:
+            return torch.sigmoid(logits).to(x.dtype)
         exponent = (self.shift * (x - self.centre) - self.log_peak).to(self.dtype)
         return (exponent + F.logsigmoid(logits)).exp().to(x.dtype)
 
@@ -196,7 +203,8 @@ class Posterior:
         return (before + self._integral(start, u)) / self.total
 
     def centres(self) -> torch.Tensor:
-        """Each entry's centre, (B, K, T): the tilted density's mode for a tilted Gaussian, else the decoder mean."""
+        """Each entry's centre, (B, K, T): that of a tilted Gaussian's probability scale (its mode, or the
+        decoder mean where the scale stays there), else the decoder mean."""
         if self.tilted and not self.discrete:
             return self.centre.to(self.dtype)
         return self.decoder.mean(self.params)
