@@ -11,7 +11,13 @@ from sklearn.utils import check_array
 def pandas_missing_as_nan(X):
     """X with pandas' missing markers (None, pd.NA) read as NaN, in object and extension (e.g. string) columns
     too, which would put pd.NA back; other input as it is."""
-    return X.astype(object).mask(X.isna(), np.nan) if hasattr(X, "isna") and hasattr(X, "mask") else X
+    if not (hasattr(X, "isna") and hasattr(X, "mask")):
+        return X
+    dtypes = X.dtypes if X.ndim == 2 else [X.dtype]
+    # NumPy's numeric columns hold no marker but NaN, and boxing them as objects costs a copy of every value
+    if all(isinstance(dtype, np.dtype) and dtype.kind in "biuf" for dtype in dtypes):
+        return X
+    return X.astype(object).mask(X.isna(), np.nan)
 
 
 def column_name(names, j: int) -> str:

@@ -10,6 +10,7 @@ from sklearn.exceptions import ConvergenceWarning, NotFittedError
 from sklearn.linear_model import LinearRegression
 from sklearn.pipeline import Pipeline
 
+from baselines._dense_checks import pandas_missing_as_nan
 from baselines.dense_imputers import DENSE_IMPUTERS, PPCAImputer, make_dense_imputer
 from mnar_recsys.data.amputation import apply_mask, mcar
 
@@ -106,6 +107,16 @@ def test_pandas_missing_values_are_nan_and_a_non_numeric_value_is_named(name, lo
     words.iloc[3, 2] = "high"
     with pytest.raises(ValueError, match=r"column 2 \('c'\) holds the non-numeric value 'high'"):
         make_dense_imputer(name, **FAST[name]).fit(words)
+
+
+def test_numeric_frames_are_read_without_a_copy_of_every_value():
+    # float and int columns hold no missing marker but NaN: boxing their values as objects only costs time
+    frame = pd.DataFrame({"a": [1.0, np.nan], "b": [1, 2]})
+    assert pandas_missing_as_nan(frame) is frame
+    column = frame["a"]
+    assert pandas_missing_as_nan(column) is column
+    mixed = frame.assign(c=pd.array([1, None], dtype="Int64"))
+    assert np.isnan(pandas_missing_as_nan(mixed).iloc[1, 2])
 
 
 def test_unknown_name():
