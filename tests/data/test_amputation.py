@@ -34,6 +34,10 @@ def test_paper_self_masking(X):
     np.testing.assert_array_equal(mask[:, :3] == 0, Xs[:, :3] > 0)
     stricter = amp.paper_self_masking(Xs, offset=0.5)
     np.testing.assert_array_equal(stricter[:, :3] == 0, Xs[:, :3] > 0.5)
+    # on raw data each masked feature's own mean and sd set its cut-off (standardised, every column's are 0 and 1)
+    raw = amp.paper_self_masking(X, offset=0.5)
+    np.testing.assert_array_equal(raw[:, :3] == 0, X[:, :3] > X[:, :3].mean(0) + 0.5 * X[:, :3].std(0))
+    assert np.all(raw[:, 3:] == 1)
 
 
 @pytest.mark.parametrize("mechanism", MECHANISMS)

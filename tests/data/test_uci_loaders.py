@@ -1,11 +1,13 @@
 """UCI loaders: real files (skipped when absent), checksums, and broken inputs written to tmp_path."""
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from mnar_recsys.data import uci
 from mnar_recsys.data.files import sha256_of
 from mnar_recsys.data.uci import UCI_DATASETS, UCI_NAMES, expected_file, load_uci, paper_dataset
 
@@ -96,6 +98,15 @@ def test_small_valid_files_parse(tmp_path):
     header = ";".join(f'"c{i}"' for i in range(12))
     _write(tmp_path, "red", header + "\n" + ";".join(str(i) for i in range(12)) + "\n")
     np.testing.assert_array_equal(load_uci("red", tmp_path, verify=False), [list(range(11))])
+
+
+def test_a_reader_that_keeps_the_wrong_columns_is_refused(tmp_path, monkeypatch):
+    _write(tmp_path, "banknote", "1,2,3,4,0\r\n5,6,7,8,1\r\n")
+    spec = uci._spec("banknote")
+    narrow = replace(spec, reader=lambda path, s: spec.reader(path, s)[:, :-1])
+    monkeypatch.setattr(uci, "_spec", lambda name: narrow)
+    with pytest.raises(ValueError, match=r"data_banknote_authentication\.txt: read 3 features, expected 4"):
+        load_uci("banknote", tmp_path, verify=False)
 
 
 def test_wrong_delimiter_names_line(tmp_path):

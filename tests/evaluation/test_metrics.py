@@ -28,6 +28,8 @@ def test_per_rating_errors_hand_computed():
     assert out[1] == {"mse": pytest.approx(2.5), "mae": pytest.approx(1.5), "count": 2}
     assert out[3] == {"mse": 0.0, "mae": 0.0, "count": 1}
     assert out[5]["mse"] == pytest.approx(1.0) and out[5]["count"] == 1
+    # errors of both signs within one rating do not cancel
+    assert per_rating_errors(np.array([3, 3, 4]), np.array([2.0, 4.0, 4.0]))[3]["mae"] == pytest.approx(1.0)
     with pytest.raises(ValueError, match="integer"):
         per_rating_errors(np.array([1.5]), np.array([1.0]))
 

@@ -1,5 +1,7 @@
 """The Bernoulli and Student-t decoders against torch.distributions, and each in a bound and an imputation."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -8,6 +10,8 @@ from mnar_recsys.data.rows import as_rows
 from mnar_recsys.inference.importance import ImportanceConfig, impute
 from mnar_recsys.models.config import ModelConfig, build_model
 from mnar_recsys.models.decoders import BernoulliDecoder, StudentTDecoder
+from mnar_recsys.training.seeds import seeded
+from mnar_recsys.training.trainer import TrainConfig, fit
 
 
 def test_bernoulli_log_prob_cdf_quadrature_and_mean_are_the_bernoullis():
@@ -47,6 +51,7 @@ def test_student_t_log_prob_and_mean_are_the_student_ts():
     ("student-t", "agnostic", None),
 ])
 def test_each_decoder_trains_a_finite_bound_and_imputes(decoder, missing, values):
+    """200 steps raise the bound on the rows (measured: Bernoulli -4.65 to -3.99, Student-t -7.44 to -5.33)."""
     torch.manual_seed(0)
     factor = "integrated" if decoder == "bernoulli" else "sampled"  # the Student-t has no quadrature
     model = build_model(ModelConfig(n_features=4, latent_dim=2, encoder="mlp", decoder=decoder, squash=None,
@@ -54,9 +59,15 @@ def test_each_decoder_trains_a_finite_bound_and_imputes(decoder, missing, values
     rng = np.random.default_rng(0)
     rows = rng.integers(0, 2, (20, 4)).astype(float) if values else rng.standard_normal((20, 4))
     rows[rng.random(rows.shape) < 0.3] = np.nan
-    bound = model.bound(as_rows(rows).batch(np.arange(20)), 5)
-    assert torch.isfinite(bound).all()
-    bound.sum().backward()
+    batch = as_rows(rows).batch(np.arange(20))
+
+    def mean_bound() -> float:
+        with seeded(0, torch.device("cpu")), torch.no_grad():
+            return model.bound(batch, 50).mean().item()
+
+    before = mean_bound()
+    fit(model, rows, TrainConfig(iterations=200, batch_size=20, lr=1e-2, progress=False, device="cpu"))
+    assert math.isfinite(before) and mean_bound() > before + 0.1
     result = impute(model, rows, config=ImportanceConfig(n_samples=50, seed=0))
     assert np.isfinite(result.mean).all()
     if values:
