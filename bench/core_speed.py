@@ -237,9 +237,10 @@ def main() -> None:
           f"logsumexp")
     r = isolated(impute_seconds, args.impute_rows, args.importance_samples)
     scaled = r["seconds"] * TEST_USERS / args.impute_rows
+    target = f"target 30; ratio {scaled / 30:.1f}x" if args.importance_samples == 10_000 \
+        else "the target, 30 s, is for K = 10,000"
     print(f"imputation, K = {args.importance_samples}: {r['seconds']:.1f} s for {args.impute_rows} rows -> "
-          f"{scaled:.0f} s for {TEST_USERS} rows x {TEST_ITEMS} items (target 30; ratio {scaled / 30:.1f}x), "
-          f"peak {r['peak_mib']:.0f} MiB")
+          f"{scaled:.0f} s for {TEST_USERS} rows x {TEST_ITEMS} items ({target}), peak {r['peak_mib']:.0f} MiB")
     chunks = TEST_USERS / IMPUTE_ROWS * args.importance_samples / IMPUTE_SAMPLES
     print(f"  the decoder's mean alone at every (row, sample, item) of it: {floor['impute'] * chunks:.0f} s, "
           f"the least any exact imputation computes ({floor['impute'] * chunks * 100 / scaled:.0f}% of it)")

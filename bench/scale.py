@@ -31,6 +31,7 @@ import torch
 
 from isolation import peak_rss_mib  # bench/, on the path when this script runs
 from mnar_recsys.data.ondisk import open_csr, save_csr
+from mnar_recsys.devices import resolve_device
 from mnar_recsys.models.config import ModelConfig, build_model
 from mnar_recsys.training import distributed
 from mnar_recsys.training.trainer import TrainConfig, fit
@@ -126,7 +127,7 @@ def main() -> None:
             print(json.dumps(result), flush=True)
         distributed.shutdown()
         return
-    print(f"torch {torch.__version__}, {os.cpu_count()} CPU cores, device {args.device}"
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPU cores, device {resolve_device(args.device)}"
           f"{' (' + torch.cuda.get_device_name() + ')' if torch.cuda.is_available() else ''}", flush=True)
     print("| users | items | rows | missing term | s / 1,000 its | peak RSS GiB | peak GPU GiB |")
     print("|---|---|---|---|---|---|---|")

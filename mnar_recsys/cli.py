@@ -7,6 +7,7 @@ import importlib
 import sys
 
 from mnar_recsys.allocator import keep_freed_memory
+from mnar_recsys.training.trainer import TrainingDiverged
 
 # each module defines register(subparsers) which adds a parser whose `run` default takes the args
 PIPELINES = ("mnar_recsys.pipelines.demo", "mnar_recsys.pipelines.ratings", "mnar_recsys.pipelines.uci",
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()
     try:
         return int(args.run(args) or 0)
-    except (ValueError, FileNotFoundError, FileExistsError) as error:
+    except (ValueError, OSError, TrainingDiverged) as error:  # OSError: files and folders, named in its message
         print(f"mnar-recsys {args.command}: error: {error}", file=sys.stderr)
         return 2
 

@@ -131,10 +131,10 @@ def convert_triples(path: str | Path, directory: str | Path, *, sep: str | None 
     check_rating_scale(rating_scale)
     path = Path(path)
     with open(path, encoding="utf-8-sig") as file, utf8_errors_named(path):
-        sep, header_line = file_layout(path, (line.rstrip("\n") for line in file), sep, header)
+        layout = file_layout(path, (line.rstrip("\n") for line in file), sep, header)
     with atomic_directory(directory) as tmp:
         users, items = _Tally("user"), _Tally("item")
-        for raw in _chunks(path, sep, header_line, chunksize):
+        for raw in _chunks(path, layout, chunksize):
             users.add(raw, raw.users)
             items.add(raw, raw.items)
             _ratings(raw, rating_scale)
@@ -144,7 +144,7 @@ def convert_triples(path: str | Path, directory: str | Path, *, sep: str | None 
         _check_column_count(len(item_ids), str(path))
         indptr = np.concatenate(([0], np.cumsum(users.id_counts))).astype(np.int64)
         np.save(tmp / "indptr.npy", indptr)
-        _write_rows(tmp, indptr, _chunks(path, sep, header_line, chunksize), users, items, rating_scale, path)
+        _write_rows(tmp, indptr, _chunks(path, layout, chunksize), users, items, rating_scale, path)
         _sort_rows(tmp, indptr, user_ids, item_ids, chunksize, path)
         (tmp / "lines.npy").unlink()
         np.save(tmp / "users.npy", _id_array(user_ids, len(user_ids), "users"))
@@ -194,8 +194,9 @@ class _Tally:
         return self.position[numbers][codes]
 
 
-def _chunks(path: Path, sep: str | None, header_line: int, chunksize: int) -> Iterator[Triples]:
-    """Raw triples of `chunksize` lines at a time, with their line numbers in the whole file."""
+def _chunks(path: Path, layout: tuple[str | None, int, tuple[int, int, int]], chunksize: int) -> Iterator[Triples]:
+    """Raw triples of `chunksize` lines at a time, with their line numbers in the whole file; `layout`: what
+    `file_layout` read of the file."""
     with open(path, encoding="utf-8-sig") as file, utf8_errors_named(path):  # universal newlines, as read_triples
         first = 1
         while text := "".join(islice(file, chunksize)):  # one string, not a list of lines, while it waits
@@ -203,7 +204,7 @@ def _chunks(path: Path, sep: str | None, header_line: int, chunksize: int) -> It
             del text
             if lines[-1] == "":
                 lines.pop()
-            yield split_lines(path, lines, first, sep, header_line)
+            yield split_lines(path, lines, first, *layout)
             first += len(lines)
 
 

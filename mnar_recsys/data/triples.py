@@ -20,6 +20,13 @@ from .ratings import RatingsData
 
 COLUMNS = ("user", "item", "rating")
 _SNIFFED_SEPARATORS = ("\t", ",", ";", "|")
+# header names read as each column (lower case, spaces and hyphens as underscores)
+_HEADER_NAMES = {
+    "user": {"user", "users", "user_id", "userid", "uid"},
+    "item": {"item", "items", "item_id", "itemid", "iid", "song", "song_id", "movie", "movie_id", "movieid",
+             "product", "product_id"},
+    "rating": {"rating", "ratings", "score", "stars", "value"},
+}
 
 
 @dataclass(frozen=True)
@@ -53,9 +60,10 @@ def read_triples(
 ) -> Triples:
     """Read and validate triples from a delimited text file or a DataFrame.
 
-    Files: columns user, item, rating in that order; ``sep=None`` takes the first of tab, comma,
-    semicolon or bar found on the first line, else whitespace; ``header=None`` treats a first line
-    with no numeric field as a header. Blank lines are skipped; quoting is not supported.
+    Files: columns user, item, rating in that order, or as a header names them (see ``file_layout``);
+    ``sep=None`` takes the first of tab, comma, semicolon or bar found on the first line, else whitespace;
+    ``header=None`` treats a first line with no numeric field as a header. Blank lines are skipped; quoting
+    is not supported.
     DataFrames: columns named user/item/rating, else exactly three columns in that order; errors
     name ``label`` and the 1-based row. ``integer_ids`` makes non-integer ids an error.
     Raises ValueError (naming source and line) on a source with no ratings, a wrong column count, a
@@ -130,15 +138,19 @@ def _file_triples(path: Path, sep: str | None, header: bool | None) -> Triples:
         lines = path.read_text(encoding="utf-8-sig").split("\n")  # universal newlines: CRLF arrives as "\n"
     if lines and lines[-1] == "":
         lines.pop()
-    sep, header_line = file_layout(path, lines, sep, header)
-    return split_lines(path, lines, 1, sep, header_line)
+    layout = file_layout(path, lines, sep, header)
+    return split_lines(path, lines, 1, *layout)
 
 
-def file_layout(path: Path, lines: Iterable[str], sep: str | None, header: bool | None) -> tuple[str | None, int]:
-    """The separator and the 1-based number of the header line (0: none), from the first non-blank line.
+def file_layout(path: Path, lines: Iterable[str], sep: str | None,
+                header: bool | None) -> tuple[str | None, int, tuple[int, int, int]]:
+    """The separator, the 1-based number of the header line (0: none) and the file's columns of user, item and
+    rating, from the first non-blank line.
 
     ``sep=None`` takes the first of tab, comma, semicolon or bar found on that line, else whitespace
-    (returned as None); ``header=None`` makes it a header when none of its fields is a number.
+    (returned as None); ``header=None`` makes it a header when none of its fields is a number. A header that
+    names all three columns (``_HEADER_NAMES``: user, item_id, rating, ...) is read by name; one that names some
+    of them where another is read is an error, rather than a matrix with users and items swapped.
     """
     number, first = next(((n, line) for n, line in enumerate(lines, 1) if line.strip()), (0, None))
     if first is None:
@@ -147,12 +159,31 @@ def file_layout(path: Path, lines: Iterable[str], sep: str | None, header: bool 
         sep = next((s for s in _SNIFFED_SEPARATORS if s in first), None)
     if header is None:
         header = not any(_is_number(field) for field in first.split(sep))
-    return sep, number if header else 0
+    if not header:
+        return sep, 0, (0, 1, 2)
+    return sep, number, _columns_by_name(path, number, first.split(sep))
 
 
-def split_lines(path: Path, lines: list[str], first_number: int, sep: str | None, header_line: int) -> Triples:
+def _columns_by_name(path: Path, number: int, names: list[str]) -> tuple[int, int, int]:
+    """The columns of user, item and rating that a header line's names give (in order when it names none)."""
+    roles = [next((role for role, known in _HEADER_NAMES.items()
+                   if name.strip().strip("\"'").lower().replace(" ", "_").replace("-", "_") in known), None)
+             for name in names]
+    if sorted(filter(None, roles)) == sorted(COLUMNS):
+        return tuple(roles.index(role) for role in COLUMNS)
+    for position, (name, role) in enumerate(zip(names, roles)):
+        if role is not None and position < len(COLUMNS) and role != COLUMNS[position]:
+            raise ValueError(f"{path}, line {number}: the header names {name.strip()!r} in column {position + 1}, "
+                             f"where the {COLUMNS[position]} is read; name all three columns (user, item, rating) "
+                             "or give them in that order")
+    return 0, 1, 2
+
+
+def split_lines(path: Path, lines: list[str], first_number: int, sep: str | None, header_line: int,
+                order: tuple[int, int, int] = (0, 1, 2)) -> Triples:
     """Raw string columns of consecutive lines numbered from ``first_number`` (blank lines and the header
-    line skipped), checking that every data line has three fields; files can be split chunk by chunk."""
+    line skipped), user, item and rating taken from fields ``order``, checking that every data line has three
+    fields; files can be split chunk by chunk."""
     data_idx = np.flatnonzero(np.fromiter(map(len, map(str.strip, lines)), np.int64, len(lines)))
     if header_line:
         data_idx = data_idx[data_idx + first_number != header_line]
@@ -171,7 +202,7 @@ def split_lines(path: Path, lines: list[str], first_number: int, sep: str | None
         )
     # Every data line has exactly three fields, so one flat split yields user, item, rating in turn.
     tokens = (" ".join(data).split() if sep is None else sep.join(data).split(sep)) if data else []
-    users, items, ratings = (np.array(tokens[c :: len(COLUMNS)], dtype=object) for c in range(len(COLUMNS)))
+    users, items, ratings = (np.array(tokens[c :: len(COLUMNS)], dtype=object) for c in order)
     return Triples(str(path), users, items, ratings, data_idx + first_number, "line")
 
 
@@ -218,14 +249,30 @@ def _parse_ratings(raw: Triples, rating_scale: tuple[int, int]) -> np.ndarray:
     return numbers.astype(np.int64)
 
 
+_PLAIN_INTEGER = r"-?(?:0|[1-9][0-9]*)"
+
+
+def _written_plainly(values: np.ndarray) -> np.ndarray:
+    """Whether each value is a number, or text that writes an integer the one way (digits, an optional minus, no
+    leading zero): '0042' and '42', or '1e3' and '1000', are two ids, as codes such as ISBNs are."""
+    values = np.asarray(values, dtype=object)
+    strings = np.fromiter((isinstance(v, str) for v in values), dtype=bool, count=len(values))
+    plain = np.ones(len(values), dtype=bool)
+    if strings.any():
+        text = pd.Series(values[strings], dtype=object).str.strip()
+        plain[strings] = text.str.fullmatch(_PLAIN_INTEGER).to_numpy(dtype=bool)
+    return plain
+
+
 def _integer_ids(values: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
-    """(int64 ids if every value is an integer held exactly, else None; which values are such integers)."""
+    """(int64 ids if every value is an integer held exactly and written plainly, else None; which values are)."""
+    plain = _written_plainly(values)
     parsed = pd.to_numeric(pd.Series(values, dtype=object), errors="coerce")
-    if parsed.dtype.kind == "i":  # all integers that fit int64, read exactly
-        return parsed.to_numpy(dtype=np.int64), np.ones(len(values), dtype=bool)
+    if parsed.dtype.kind == "i" and plain.all():  # all integers that fit int64, read exactly
+        return parsed.to_numpy(dtype=np.int64), plain
     numbers = parsed.to_numpy(dtype=np.float64)
     # beyond 2^53 a float64 no longer tells neighbouring integers apart: such ids stay text
-    is_int = _is_integer(numbers) & (np.abs(numbers) < 2.0 ** 53)
+    is_int = _is_integer(numbers) & (np.abs(numbers) < 2.0 ** 53) & plain
     return (numbers.astype(np.int64) if is_int.all() else None), is_int
 
 
@@ -240,7 +287,8 @@ def _parse_ids(raw: Triples, values: np.ndarray, kind: str, integer: bool) -> np
         return ids
     if integer:
         k = np.flatnonzero(~is_int)[0]
-        raise raw.error(k, f"{kind} id {_show(values[k])} is not an integer")
+        raise raw.error(k, f"{kind} id {_show(values[k])} is not an integer written plainly (digits, no leading "
+                           "zero)")
     text = _text_ids(values)
     missing = np.flatnonzero(pd.isna(values) | (text == ""))
     if len(missing):

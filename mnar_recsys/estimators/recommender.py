@@ -155,11 +155,12 @@ class NotMIWAERecommender:
         if not (directory / TRAIN_FILE).is_file():
             raise FileNotFoundError(f"{directory / TRAIN_FILE} is missing: not a saved recommender directory")
         model, _, meta = checkpoint.load(directory, map_location=map_location)
-        if "recommender" not in meta:
-            raise ValueError(f"{directory} holds a model checkpoint but no recommender config")
+        if not (isinstance(meta.get("recommender"), dict) and isinstance(meta["recommender"].get("name"), str)):
+            raise ValueError(f"{directory} holds a model checkpoint but no recommender config with its name")
         settings = dict(meta["recommender"])
         name = settings.pop("name")
-        recommender = cls(RecommenderConfig(**settings), name=name)
+        recommender = cls(checkpoint.config_from(RecommenderConfig, settings, directory / checkpoint.CONFIG_FILE,
+                                                 meta.get(checkpoint.PROVENANCE_KEY)), name=name)
         recommender.model, recommender.train = model, sp.load_npz(directory / TRAIN_FILE).tocsr()
         return recommender
 

@@ -72,6 +72,9 @@ def fit_and_score(model: Recommender, split: MCARSplit) -> tuple[dict[str, Any],
     start = time.perf_counter()
     predictions = np.asarray(model.predict(split.users, split.items), dtype=np.float64)
     predict_seconds = time.perf_counter() - start
+    if not np.isfinite(predictions).all():  # NaN would pass through the ranking metric as a score
+        raise ValueError(f"{model.name} (seed {split.seed}) predicted {int((~np.isfinite(predictions)).sum())} of "
+                         f"{predictions.size} scored entries as NaN or infinite; nothing of it is scored")
     record = {"model": model.name, "seed": split.seed, **score(split.users, split.ratings, predictions),
               "train_seconds": train_seconds, "predict_seconds": predict_seconds, "n_test": split.n_test}
     return record, predictions

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import asdict, field, fields
+from pathlib import Path
 from typing import Any, TypeVar
 
 from mnar_recsys.devices import check_device_name
@@ -32,6 +34,29 @@ def check_counts(config: object, least: dict[str, int]) -> None:
         value = getattr(config, name)
         if value < bound:
             raise ValueError(f"--{name.replace('_', '-')} must be at least {bound}, got {value}")
+
+
+MAX_SEED = 2**32 - 1  # the largest seed every generator the runs seed (NumPy's legacy one, scikit-learn's) takes
+
+
+def check_seeds(label: str, seeds: tuple[int, ...] | list[int]) -> None:
+    """Refuse a seed outside 0..MAX_SEED, naming its option, before an earlier run's files are touched."""
+    bad = [s for s in seeds if not 0 <= s <= MAX_SEED]
+    if bad:
+        raise ValueError(f"{label} must lie in 0..{MAX_SEED}, got {', '.join(map(str, bad))}")
+
+
+def check_positive_finite(label: str, value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{label} must be positive and finite, got {value}")
+
+
+def check_output_folder(out: str | Path) -> None:
+    """Refuse an --out that cannot become a results folder (empty, or an existing file) before anything runs."""
+    if str(out) == "":
+        raise ValueError("--out is empty: name the results folder")
+    if Path(out).exists() and not Path(out).is_dir():
+        raise ValueError(f"--out {out} is a file, not a folder")
 
 
 def check_no_repeats(label: str, values: tuple | list) -> None:

@@ -35,7 +35,8 @@ from mnar_recsys.evaluation.protocol import MCAR_SAMPLE_FRACTION, MCARSplit, fit
 from mnar_recsys.evaluation.reports import (markdown_table, provenance, remove_previous, summarise, write_atomic,
                                            write_json)
 from mnar_recsys.inference.importance import ImportanceConfig
-from mnar_recsys.pipelines.arguments import check_counts, check_device_option, check_no_repeats
+from mnar_recsys.pipelines.arguments import (check_counts, check_device_option, check_no_repeats, check_output_folder,
+                                             check_positive_finite, check_seeds)
 from mnar_recsys.pipelines.workers import run_tasks
 from mnar_recsys.training import distributed
 from mnar_recsys.training.distributed import BACKENDS
@@ -96,10 +97,10 @@ class RatingsRun:
             raise ValueError("--data synthetic reads no files: leave out --data-dir, or choose --data coat or yahoo")
         if not self.seeds:
             raise ValueError("give at least one seed")
-        if min(self.seeds) < 0 or self.data_seed < 0:
-            raise ValueError(f"--seeds and --data-seed must be non-negative, got {self.seeds} and {self.data_seed}")
-        if not self.lr > 0:
-            raise ValueError(f"--lr must be positive, got {self.lr}")
+        check_seeds("--seeds", self.seeds)
+        check_seeds("--data-seed", [self.data_seed])
+        check_positive_finite("--lr", self.lr)
+        check_output_folder(self.out)
         if not 0 <= self.validation_fraction < 1:
             raise ValueError(f"--validation-fraction must lie in [0, 1), got {self.validation_fraction}")
         check_no_repeats("--models", self.models)
@@ -268,13 +269,14 @@ def run_ratings(run: RatingsRun, progress: bool = True) -> dict[str, Any]:
             if isinstance(model, NotMIWAERecommender):
                 model.fit(mcar_split(data, seed).train)
         return {}
-    resolve_device(run.device)  # a GPU that is not there is refused before an earlier run's files go
-    remove_previous(out, OUTPUTS)
+    resolve_device(run.device)
     order = {task[1:3]: position for position, task in enumerate(tasks)}
     records, estimator, predictions, finished = [], [], {}, {}
     results = {"data": describe(data), "config": run_settings(run), "provenance": provenance(), "records": records,
                "estimator_k": estimator}
     for (_, seed, name, _), (record, predicted, studied) in run_tasks(fit_one, tasks, run.jobs):
+        if not finished:  # an earlier run's files stay until this run has a record to replace them
+            remove_previous(out, OUTPUTS)
         record["provenance"] = results["provenance"]
         finished[order[seed, name]] = record
         records[:] = [finished[position] for position in sorted(finished)]  # in task order, however they finish
@@ -359,8 +361,8 @@ def _subsampling_note(run: RatingsRun) -> str:
 
 
 def _ints(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(v) for v in text.split(",") if v.strip())
+    try:  # an empty item ('0,,1') is refused rather than dropped: the list may not be what was meant
+        return tuple(int(v) for v in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 

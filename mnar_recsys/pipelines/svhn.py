@@ -22,11 +22,13 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 
 from mnar_recsys.pipelines.arguments import (add_config_options, check_counts, check_device_option,
+                                                check_output_folder, check_positive_finite, check_seeds,
                                                 config_from_options, option)
 from mnar_recsys.data.amputation import apply_mask
 from mnar_recsys.data.svhn import B, W, clipping_mask, digits_stand_in, load_svhn
 from mnar_recsys.evaluation.metrics import imputation_rmse
-from mnar_recsys.evaluation.reports import markdown_table, provenance, save_figure, write_atomic, write_json
+from mnar_recsys.evaluation.reports import (markdown_table, provenance, remove_previous, save_figure, write_atomic,
+                                            write_json)
 from mnar_recsys.inference.importance import ImportanceConfig, impute, log_likelihood
 from mnar_recsys.models.config import ModelConfig, build_model
 from mnar_recsys.models.missing import MCAR
@@ -34,6 +36,7 @@ from mnar_recsys.models.notmiwae import NotMIWAE
 from mnar_recsys.training.trainer import TrainConfig, fit
 
 MODELS = ("notmiwae", "miwae")
+OUTPUTS = ("results.json", "results.md", "histograms.png", "images.png")
 #: the paper's table 2: imputation RMSE and test log-likelihood (10k importance samples)
 PAPER = {"notmiwae": {"rmse": 0.073, "test_log_likelihood": 1894.4},
          "miwae": {"rmse": 0.173, "test_log_likelihood": 1867.7}, "constant-ones": {"rmse": 0.176}}
@@ -61,6 +64,8 @@ class SVHNConfig:
         check_counts(self, {**dict.fromkeys(("iterations", "refit_iterations", "batch_size", "n_samples",
                                              "importance_samples", "ll_samples"), 1), "n_train": 0, "n_test": 0})
         check_device_option(self.device)
+        check_seeds("--seed", [self.seed])
+        check_positive_finite("--lr", self.lr)
         self.channels()  # a bad --conv-channels is refused now, not after the images are loaded
 
     def channels(self) -> tuple[int, ...]:
@@ -189,25 +194,28 @@ def run_clipping(train_images: np.ndarray, test_images: np.ndarray, config: SVHN
                  source: str, progress: bool = False) -> dict[str, Any]:
     """Clip, fit both models, score; write results.json / results.md / figures to `out`; return the results.
     `progress` shows progress bars for training and importance sampling."""
+    check_output_folder(out)
     train_images, test_images = check_images(train_images, "training"), check_images(test_images, "test")
     flat = train_images.reshape(len(train_images), -1)
     mask = clipping_mask(flat, np.random.default_rng(config.seed))
     masked = apply_mask(flat, mask)
     results: dict[str, Any] = {"constant-ones": {"rmse": imputation_rmse(flat, np.ones_like(flat), mask)}}
+    payload = {"provenance": provenance(), "config": asdict(config), "source": source,
+               "n_train": len(train_images), "n_test": len(test_images), "missing_rate": float(1 - mask.mean()),
+               "results": results, "paper": PAPER}
     imputed = {}
     for name, missing in zip(MODELS, ("fixed-logistic", "mcar")):
         results[name], imputed[name] = train_and_score(missing, train_images, masked, mask, test_images, config,
                                                        progress)
+        if name == MODELS[0]:  # an earlier run's files stay until this run has a result to replace them
+            remove_previous(out, OUTPUTS)
+        write_json(out / "results.json", payload)  # after each model, so a stopped run keeps what it finished
     missing_entries = mask == 0
     save_figure(histogram_figure(flat[missing_entries], {m: imputed[m][missing_entries] for m in MODELS}),
                 out / "histograms.png")
     shape = train_images.shape
     save_figure(grid_figure({"original": train_images, "masked": masked.reshape(shape),
                              **{m: imputed[m].reshape(shape) for m in MODELS}}), out / "images.png")
-    payload = {"provenance": provenance(), "config": asdict(config), "source": source,
-               "n_train": len(train_images), "n_test": len(test_images), "missing_rate": float(1 - mask.mean()),
-               "results": results, "paper": PAPER}
-    write_json(out / "results.json", payload)
     write_atomic(out / "results.md", results_markdown(payload))
     return payload
 

@@ -9,6 +9,7 @@ models also the accuracy of the learnt missing model's mask predictions on the c
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,7 +20,8 @@ import numpy as np
 from baselines.dense_imputers import DENSE_IMPUTERS, make_dense_imputer
 from mnar_recsys.devices import resolve_device
 from mnar_recsys.pipelines.arguments import (add_config_options, check_counts, check_device_option,
-                                                check_no_repeats, config_from_options, option)
+                                                check_no_repeats, check_output_folder, check_seeds,
+                                                config_from_options, option)
 from mnar_recsys.data.amputation import apply_mask, paper_self_masking, standardize
 from mnar_recsys.data.uci import UCI_DATASETS, UCI_NAMES, load_uci, paper_dataset
 from mnar_recsys.estimators.imputer import NotMIWAEImputer
@@ -85,6 +87,9 @@ class UCIConfig:
                                           "n_init"), 1))
         check_sampled_imputation(self.sampled_imputation)
         check_device_option(self.device)
+        check_seeds("--seed (and the last run's seed + runs - 1)", [self.seed, self.seed + self.runs - 1])
+        if not math.isfinite(self.offset):
+            raise ValueError(f"--offset must be finite, got {self.offset}")
 
 
 def make_imputer(model: str, config: UCIConfig, seed: int, progress: bool = False):
@@ -218,15 +223,17 @@ def run_uci(datasets: list[str], models: list[str], config: UCIConfig, out: Path
     check_no_repeats("--models", models)
     if jobs < 1:
         raise ValueError(f"--jobs must be at least 1, got {jobs}")
+    check_output_folder(out)
     data = {name: masked_dataset(load_uci(name, data_dir), config.offset) for name in datasets}  # fail early
     meta = {"provenance": provenance(), "protocol": asdict(config), "data_dir": data_dir, "jobs": jobs}
-    resolve_device(config.device)  # a GPU that is not there is refused before an earlier run's files go
-    remove_previous(out, ("results.json", "results.md", "rmse.png"))
+    resolve_device(config.device)
     keys = [(name, model, run) for name in data for model in models for run in range(config.runs)]
     order = {key: position for position, key in enumerate(keys)}
     tasks = [(name, model, *data[name], run, config, progress and jobs == 1) for name, model, run in keys]
     records: list[dict[str, Any]] = []
     for _, record in run_tasks(run_one, tasks, jobs):
+        if not records:  # an earlier run's files stay until this run has a record to replace them
+            remove_previous(out, ("results.json", "results.md", "rmse.png"))
         records.append(record)
         print(f"{record['dataset']:9s} {record['model']:34s} run {record['run']}: RMSE {record['rmse']:.3f} "
               f"({record['seconds']:.0f} s)", flush=True)

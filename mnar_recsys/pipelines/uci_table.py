@@ -17,6 +17,7 @@ from typing import Any
 
 from mnar_recsys.data.uci import UCI_NAMES
 from mnar_recsys.evaluation.reports import provenance, write_atomic, write_json
+from mnar_recsys.pipelines.arguments import check_output_folder
 from mnar_recsys.pipelines.uci import results_markdown, rmse_figure, row_order
 
 #: the protocol settings every merged file must share
@@ -24,12 +25,14 @@ SHARED_PROTOCOL = ("iterations", "batch_size", "n_samples", "importance_samples"
 DRAWN = " (drawn x_m)"  # the row suffix of models imputed from the drawn x_m
 
 
-def results_files(paths: list[Path]) -> list[Path]:
-    """The given results.json files, and every results.json below the given folders, in a stable order."""
+def results_files(paths: list[Path], out: Path | None = None) -> list[Path]:
+    """The given results.json files, and every results.json below the given folders but `out`'s own (an earlier
+    merge into it), in a stable order."""
+    own = None if out is None else (out / "results.json").resolve()
     files = []
     for path in paths:
         if path.is_dir():
-            found = sorted(path.rglob("results.json"))
+            found = sorted(f for f in path.rglob("results.json") if f.resolve() != own)
             if not found:
                 raise FileNotFoundError(f"{path}: no results.json in this folder or below it")
             files += found
@@ -59,13 +62,16 @@ def merge(files: list[Path]) -> dict[str, Any]:
     protocol, first, sources, records, seen = None, None, [], [], {}
     for path in files:
         try:
-            payload = json.loads(path.read_text())
-        except json.JSONDecodeError as error:
+            payload = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
             raise ValueError(f"{path}: not a results.json written by `mnar-recsys uci` (not JSON: {error})") from None
         if not (isinstance(payload, dict) and isinstance(payload.get("protocol"), dict)
                 and isinstance(payload.get("records"), list)):
             raise ValueError(f"{path}: not a results.json written by `mnar-recsys uci` (expected an object with a "
                              "'protocol' object and a 'records' list)")
+        if "sources" in payload:
+            raise ValueError(f"{path}: a table merged by `mnar-recsys uci-table`, not a `uci` run's results; merge "
+                             "the runs it lists")
         file_protocol, file_records = payload["protocol"], payload["records"]
         shared = {key: file_protocol.get(key) for key in SHARED_PROTOCOL}
         if protocol is None:
@@ -84,6 +90,8 @@ def merge(files: list[Path]) -> dict[str, Any]:
                                  f"{path}: keep one of them")
             seen[key] = path
             records.append({**record, "model": row, "source": str(path)})
+    if not records:
+        raise ValueError(f"no records in {', '.join(map(str, files))}: nothing to tabulate")
     records.sort(key=_table_position)
     return {"provenance": provenance(), "protocol": protocol, "sources": sources, "records": records}
 
@@ -96,6 +104,12 @@ def _check_record(record: Any, path: Path, index: int) -> None:
         raise ValueError(f"{path}: record {index} lacks {', '.join(missing)}")
     if record["dataset"] not in UCI_NAMES:
         raise ValueError(f"{path}: record {index} is on {record['dataset']!r}, not one of {', '.join(UCI_NAMES)}")
+    expected = {"model": (str, "a string"), "seed": (int, "an integer"), "rmse": ((int, float), "a number"),
+                "config": ((dict, type(None)), "an object")}
+    for key, (kind, what) in expected.items():
+        value = record.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise ValueError(f"{path}: record {index} has {key} {value!r}, expected {what}")
 
 
 def _table_position(record: dict[str, Any]) -> tuple:
@@ -124,7 +138,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    merged = merge(results_files(args.results))
+    check_output_folder(args.out)
+    merged = merge(results_files(args.results, args.out))
     print(write_table(merged, args.out))
     print(f"merged {len(merged['records'])} runs from {len(merged['sources'])} files into "
           f"{args.out / 'results.json'}, {args.out / 'results.md'} and {args.out / 'rmse.png'}")

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from mnar_recsys.data.files import sha256_of
-from mnar_recsys.evaluation.reports import atomic_path, write_json
+from mnar_recsys.evaluation.reports import atomic_path, provenance, write_json
 from mnar_recsys.models.config import ModelConfig, build_model
 from mnar_recsys.models.notmiwae import NotMIWAE
 from mnar_recsys.training import distributed
 
 CONFIG_FILE, STATE_FILE = "config.json", "state.pt"
 DIGESTS_KEY = "sha256"  # config.json's record of the files saved with it
+PROVENANCE_KEY = "provenance"  # the package version and commit that saved it
 
 
 def save(model: NotMIWAE, config: ModelConfig, directory: str | Path, extra: dict | None = None,
@@ -31,7 +33,8 @@ def save(model: NotMIWAE, config: ModelConfig, directory: str | Path, extra: dic
     with atomic_path(directory / STATE_FILE) as tmp:
         torch.save(model.state_dict(), tmp)
     digests = {name: sha256_of(directory / name) for name in (STATE_FILE, *companions)}
-    write_json(directory / CONFIG_FILE, {"model": config.to_dict(), **(extra or {}), DIGESTS_KEY: digests})
+    write_json(directory / CONFIG_FILE, {"model": config.to_dict(), **(extra or {}), DIGESTS_KEY: digests,
+                                         PROVENANCE_KEY: provenance()})
     return directory
 
 
@@ -41,13 +44,37 @@ def load(directory: str | Path, map_location: str = "cpu") -> tuple[NotMIWAE, Mo
     for name in (CONFIG_FILE, STATE_FILE):
         if not (directory / name).is_file():
             raise FileNotFoundError(f"{directory / name} is missing: not a saved model directory")
-    meta = json.loads((directory / CONFIG_FILE).read_text())
+    path = directory / CONFIG_FILE
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is not valid JSON ({error}): not a saved model, or a damaged one") from None
+    if not (isinstance(meta, dict) and isinstance(meta.get("model"), dict)
+            and isinstance(meta.get(DIGESTS_KEY, {}), dict)):
+        raise ValueError(f"{path}: expected an object with a 'model' config object (and a '{DIGESTS_KEY}' object "
+                         "of file digests): not a saved model")
     for name, digest in meta.pop(DIGESTS_KEY, {}).items():
-        path = directory / name
-        if not path.is_file() or sha256_of(path) != digest:
-            raise ValueError(f"{path} is not the file {directory / CONFIG_FILE} was saved with (its sha256 "
+        if not (directory / name).is_file() or sha256_of(directory / name) != digest:
+            raise ValueError(f"{directory / name} is not the file {path} was saved with (its sha256 "
                              "differs): a save into this folder was interrupted; save the model again")
-    config = ModelConfig(**meta.pop("model"))
+    config = config_from(ModelConfig, meta.pop("model"), path, meta.get(PROVENANCE_KEY))
     model = build_model(config)
-    model.load_state_dict(torch.load(directory / STATE_FILE, map_location=map_location, weights_only=True))
+    try:
+        state = torch.load(directory / STATE_FILE, map_location=map_location, weights_only=True)
+        model.load_state_dict(state)
+    except Exception as error:  # torch's zip reader, unpickler and key checks each raise their own kind
+        raise ValueError(f"{directory / STATE_FILE} does not hold the weights of the model {path} describes: "
+                         f"{error}") from error
     return model.eval(), config, meta
+
+
+def config_from(config_type: type, fields: dict[str, Any], path: Path, saved_by: Any = None) -> Any:
+    """`config_type(**fields)`, or a ValueError naming `path` and the package that saved it when its fields are
+    not this version's."""
+    try:
+        return config_type(**fields)
+    except TypeError as error:
+        version = saved_by.get("package_version") if isinstance(saved_by, dict) else None
+        raise ValueError(f"{path}: its {config_type.__name__} does not fit this version of mnar_recsys ({error}); "
+                         f"it was saved by {'version ' + str(version) if version else 'an unknown version'}") \
+            from None

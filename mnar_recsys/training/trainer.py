@@ -8,6 +8,7 @@ out rows and keep the parameters with the best bound on them, a choice that need
 from __future__ import annotations
 
 import copy
+import math
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 
@@ -53,8 +54,8 @@ class TrainConfig:
         for name in ("iterations", "batch_size", "n_samples", "log_every", "validation_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be positive, got {self.lr}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be positive and finite, got {self.lr}")
         if not 0.0 <= self.validation_fraction < 1.0:
             raise ValueError(f"validation_fraction must lie in [0, 1), got {self.validation_fraction}")
         if self.shards is not None and self.shards < 1:
@@ -62,6 +63,10 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+class TrainingDiverged(FloatingPointError):
+    """The bound on a batch came out NaN or infinite: the parameters are no longer a fit."""
 
 
 @dataclass
@@ -89,7 +94,12 @@ def prepare_rows(model: NotMIWAE, data: "np.ndarray | sp.spmatrix | RowSource") 
     rows = as_rows(data)
     if rows.n_features != model.n_features:
         raise ValueError(f"the model has {model.n_features} features but the rows have {rows.n_features}")
-    model.decoder.check_values(rows.observed_values())
+    values = rows.observed_values()
+    if not np.isfinite(values).all():  # a stored NaN in sparse rows, or an infinity, would make the bound NaN
+        raise ValueError(f"{int((~np.isfinite(values)).sum())} observed values are NaN or infinite (e.g. "
+                         f"{values[~np.isfinite(values)][0]}); sparse rows store observed values only, and dense "
+                         "rows mark a missing one with NaN")
+    model.decoder.check_values(values)
     return rows
 
 
@@ -127,6 +137,9 @@ def fit(model: NotMIWAE, data: "np.ndarray | sp.spmatrix | RowSource", config: T
         batch = training[next(batches)]
         optimiser.zero_grad(set_to_none=True)  # not the model's: that walks its module tree every step
         value = _step(step_model, rows, batch, n_shards, config, iteration, device)
+        if not math.isfinite(value):  # the same on every rank: it is summed across them
+            raise TrainingDiverged(f"training diverged at iteration {iteration}: the batch's mean bound is {value} "
+                                   f"(lr {config.lr}; a smaller one may train)")
         optimiser.step()
         running = value if running is None else 0.98 * running + 0.02 * value
         if iteration % config.log_every == 0 or iteration == config.iterations:

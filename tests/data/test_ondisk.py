@@ -92,6 +92,8 @@ def test_converter_matches_the_triples_loader(tmp_path):
     "10 7 3\n2  7 1\n10 30 5\n",     # whitespace, integer ids sort numerically
     "007\tx\t3\n7\ty\t1\nz\tx\t5\n",  # a non-integer id: every id stays the string it was written as
     "9007199254740993\t1\t3\n9007199254740992\t1\t4\n18446744073709551615\t2\t5\n",  # past 2^53 and int64
+    "0042\tx\t3\n42\tx\t1\n1e3\ty\t5\n",  # an integer written two ways: two ids
+    "item,user,rating\nx,7,3\ny,2,1\n",  # a header read by name
 ])
 def test_converter_ids_as_the_loader_makes_them(tmp_path, text):
     source = write(tmp_path / "r.txt", text)
@@ -183,6 +185,16 @@ def test_indptr_that_decreases_and_columns_out_of_range_are_named(folder):
         rows.observed_fraction()
     with pytest.raises(FileNotFoundError, match="no such folder"):
         open_csr(folder / "nowhere")
+
+
+def test_fit_refuses_a_nan_value_in_the_folder(folder):
+    """A folder is memory-mapped, not validated value by value when opened: training reads every value first."""
+    data = np.load(folder / "data.npy")
+    data[7] = np.nan
+    np.save(folder / "data.npy", data)
+    model = build_model(ModelConfig(n_features=30, latent_dim=2, embedding_dim=4, code_dim=6))
+    with pytest.raises(ValueError, match=r"1 observed values are NaN or infinite \(e\.g\. nan\)"):
+        fit(model, open_csr(folder), TrainConfig(iterations=2, batch_size=16, device="cpu", progress=False))
 
 
 def test_fit_from_disk_equals_fit_in_memory(tmp_path):

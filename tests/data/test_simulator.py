@@ -85,6 +85,9 @@ def test_small_config_keeps_guarantees():
     assert np.diff(data.train.indptr).min() == 10
     assert data.test.nnz == 500 * 5
     np.testing.assert_allclose(shares(data.train.data), YAHOO_TRAIN_SHARES, atol=0.03)
+    # the MCAR items spread over the catalogue (measured: 399 of 400 items, at most 14 users on one; 2,500
+    # uniform draws over 400 items put about 6.25 on each)
+    assert np.unique(data.test.indices).size > 350 and np.bincount(data.test.indices).max() < 30
 
 
 def test_independent_selection_is_the_stated_logistic_model():

@@ -152,3 +152,27 @@ def test_an_explicit_separator_and_header_are_used_as_given(tmp_path):
     assert list(triples.users) == [7, 8] and list(triples.ratings) == [5, 2]
     with pytest.raises(ValueError, match=r"line 1: rating 'rating' is not an integer"):
         read_triples(write(tmp_path / "h.txt", "user|item|rating\n7|3|5\n"), sep="|", header=False)
+
+
+def test_a_header_is_read_by_name(tmp_path):
+    """A header that names the columns in another order gives them by name; one that names a column where another
+    is read is refused, where the two would have been read swapped."""
+    train = write(tmp_path / "train.csv", "item_id,User,Rating\nx,1,5\ny,2,3\nx,2,4\n")
+    test = write(tmp_path / "test.csv", "user,item,rating\n1,y,2\n")
+    data = load_triples(train, test)
+    np.testing.assert_array_equal(data.user_ids, [1, 2])
+    np.testing.assert_array_equal(data.item_ids, ["x", "y"])
+    np.testing.assert_array_equal(data.train.toarray(), [[5, 0], [4, 3]])
+    swapped = write(tmp_path / "swapped.csv", "item,user,stars2\n1,2,5\n")
+    with pytest.raises(ValueError, match=r"swapped\.csv, line 1: the header names 'item' in column 1, where the user"):
+        read_triples(swapped)
+    unnamed = write(tmp_path / "unnamed.csv", "a,b,c\n1,2,5\n")
+    assert read_triples(unnamed).users.tolist() == [1]
+
+
+def test_ids_written_two_ways_stay_two_ids(tmp_path):
+    """'0042' and '42', or '1e3' and '1000', are distinct codes (an ISBN keeps its leading zero), not one number."""
+    source = write(tmp_path / "r.tsv", "u1\t0042\t5\nu1\t42\t3\nu2\t1e3\t4\nu2\t1000\t2\n")
+    data = load_triples(source, source)
+    np.testing.assert_array_equal(data.item_ids, ["0042", "1000", "1e3", "42"])
+    assert data.train.nnz == 4

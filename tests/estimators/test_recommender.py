@@ -1,5 +1,7 @@
 """NotMIWAERecommender: fit / predict on simulated ratings, variants, save / load, the oracle."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -122,6 +124,30 @@ def test_a_save_interrupted_over_an_earlier_one_is_refused_on_load(small_ratings
     monkeypatch.undo()
     with pytest.raises(ValueError, match=r"train.npz is not the file .*config.json was saved with"):
         NotMIWAERecommender.load(tmp_path / "model")
+
+
+def test_a_damaged_or_foreign_save_is_refused_naming_the_file(small_ratings, tmp_path):
+    """Each once surfaced as Python's or torch's own error (JSONDecodeError, KeyError, TypeError, the zip reader's)."""
+    import mnar_recsys
+
+    saved = make_recommender("notmiwae-gaussian", seed=0, **QUICK).fit(small_ratings.train).save(tmp_path / "model")
+    config = saved / "config.json"
+    meta = json.loads(config.read_text())
+    assert meta["provenance"]["package_version"] == mnar_recsys.__version__
+
+    def load_with(text: str) -> str:
+        config.write_text(text)
+        with pytest.raises(ValueError) as refused:
+            NotMIWAERecommender.load(saved)
+        return str(refused.value)
+
+    assert f"{config} is not valid JSON" in load_with("{")
+    assert f"{config}: expected an object with a 'model' config object" in load_with(json.dumps({"sha256": {}}))
+    foreign = {**meta, "model": {**meta["model"], "heads": 3}}
+    assert f"{config}: its ModelConfig does not fit this version of mnar_recsys" in load_with(json.dumps(foreign))
+    undigested = {key: value for key, value in meta.items() if key != "sha256"}
+    (saved / "state.pt").write_bytes((saved / "state.pt").read_bytes()[:-100])
+    assert "state.pt does not hold the weights of the model" in load_with(json.dumps(undigested))
 
 
 def test_fit_leaves_the_callers_torch_random_state_alone(small_ratings):

@@ -9,7 +9,8 @@ import torch
 from mnar_recsys.data.rows import as_rows
 from mnar_recsys.inference.importance import ImportanceConfig, impute
 from mnar_recsys.models.config import ModelConfig, build_model
-from mnar_recsys.models.decoders import BernoulliDecoder, StudentTDecoder
+from mnar_recsys.models.decoders import (BernoulliDecoder, CategoricalDecoder, ConvMeanNet, GaussianDecoder,
+                                     StudentTDecoder)
 from mnar_recsys.training.seeds import seeded
 from mnar_recsys.training.trainer import TrainConfig, fit
 
@@ -72,3 +73,41 @@ def test_each_decoder_trains_a_finite_bound_and_imputes(decoder, missing, values
     assert np.isfinite(result.mean).all()
     if values:
         assert ((result.mean >= 0) & (result.mean <= 1)).all()
+
+
+def test_gaussian_mean_is_squashed_onto_the_rating_range_and_the_variance_floored():
+    decoder = GaussianDecoder(latent_dim=2, n_features=3, hidden=(), squash=(1.0, 5.0), min_variance=1e-3)
+    with torch.no_grad():
+        decoder.mean_head.weight.zero_()
+        decoder.mean_head.bias.copy_(torch.tensor([-30.0, 0.0, 30.0]))
+        decoder.raw_var.fill_(-40.0)  # a collapsing variance: softplus(-40) is about 4e-18
+    loc, scale = decoder(torch.zeros(1, 1, 2))
+    torch.testing.assert_close(loc[0, 0], torch.tensor([1.0, 3.0, 5.0]))
+    torch.testing.assert_close(scale[0, 0] ** 2, torch.full((3,), 1e-3))
+    assert torch.isfinite(decoder.log_prob((loc, scale), loc + 0.1)).all()  # -2.47, not -1e15
+
+
+def test_categorical_cdf_counts_the_level_itself():
+    decoder = CategoricalDecoder(latent_dim=1, n_features=1)
+    logits = torch.tensor([0.6, 0.1, 0.1, 0.1, 0.1]).log().expand(1, 1, 1, 5)
+    cdf = torch.stack([decoder.cdf((logits,), torch.full((1, 1, 1), level)) for level in (1.0, 2.0, 3.0, 4.0, 5.0)])
+    torch.testing.assert_close(cdf.flatten(), torch.tensor([0.6, 0.7, 0.8, 0.9, 1.0]))
+
+
+def test_gumbel_softmax_draws_follow_the_temperature():
+    """At a low temperature the relaxed draws lie next to the levels (measured: 96% within 0.01 at 0.01; 3% at 1)."""
+    torch.manual_seed(0)
+    logits = torch.zeros(20_000, 1, 3, 5)
+    for temperature, near in ((0.01, lambda share: share > 0.9), (1.0, lambda share: share < 0.2)):
+        draws = CategoricalDecoder(latent_dim=2, n_features=3, temperature=temperature).rsample((logits,))
+        assert near(((draws - draws.round()).abs() < 0.01).float().mean().item())
+
+
+def test_the_conv_decoder_is_not_affine_in_z():
+    """Its transposed convolutions are interleaved with ReLUs (measured: midpoint gap 8.8e-4; 7e-9 without them)."""
+    torch.manual_seed(0)
+    net = ConvMeanNet(3, 64, channels=(8, 4, 2))
+    z1, z2 = torch.randn(2, 3), torch.randn(2, 3)
+    with torch.no_grad():
+        gap = (net((z1 + z2) / 2) - (net(z1) + net(z2)) / 2).abs().max().item()
+    assert gap > 1e-5

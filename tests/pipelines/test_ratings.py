@@ -16,6 +16,7 @@ from mnar_recsys.data.files import ChecksumWarning
 from mnar_recsys.data.yahoo import TEST_FILE as YAHOO_TEST, TRAIN_FILE as YAHOO_TRAIN
 from mnar_recsys.devices import resolve_device
 from mnar_recsys.evaluation.protocol import fit_and_score, mcar_split
+from mnar_recsys.pipelines import ratings as ratings_pipeline
 from mnar_recsys.pipelines.ratings import RatingsRun, build, load_data
 
 REQUIRED = {"model", "seed", "mse", "mae", "ndcg@5", "per_rating", "train_seconds", "predict_seconds", "n_test",
@@ -72,10 +73,13 @@ def test_cli_refuses_bad_requests(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("arguments, message", [
-    (["--lr", "-1"], "--lr must be positive, got -1.0"),
+    (["--lr", "-1"], "--lr must be positive and finite, got -1.0"),
+    (["--lr", "inf"], "--lr must be positive and finite, got inf"),
     (["--validation-fraction", "1.5"], r"--validation-fraction must lie in [0, 1), got 1.5"),
-    (["--seeds", "0,-1"], "--seeds and --data-seed must be non-negative"),
-    (["--data-seed", "-2"], "--seeds and --data-seed must be non-negative"),
+    (["--seeds", "0,-1"], "--seeds must lie in 0..4294967295, got -1"),
+    (["--seeds", "4294967296"], "--seeds must lie in 0..4294967295, got 4294967296"),
+    (["--seeds", "0,,1"], "expected comma-separated integers, got '0,,1'"),
+    (["--data-seed", "-2"], "--data-seed must lie in 0..4294967295, got -2"),
     (["--data-dir", "/nonexistent"], "--data synthetic reads no files"),
     (["--models", ","], "expected comma-separated model names, got ','"),
     (["--models", "mf", "--estimator-k", "10"], "--estimator-k re-imputes notmiwae-gaussian: add it to --models"),
@@ -144,6 +148,28 @@ def test_a_rerun_into_the_same_folder_leaves_no_figure_of_the_earlier_run(tmp_pa
     assert small_run(out, "--models", "mf") == 0
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "per_rating_mse.png", "predictions_histogram.png",
                                                      "results.json", "results.md"]
+
+
+def test_a_rerun_that_fails_before_its_first_record_leaves_the_earlier_results(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "run"
+    assert small_run(out, "--models", "mf") == 0
+    earlier = (out / "results.json").read_text()
+
+    def fail(*args):
+        raise ValueError("the first model failed")
+    monkeypatch.setattr(ratings_pipeline, "fit_one", fail)
+    assert small_run(out, "--models", "mf") == 2
+    assert "the first model failed" in capsys.readouterr().err
+    assert (out / "results.json").read_text() == earlier and (out / "per_rating_mse.png").exists()
+
+
+def test_an_out_that_is_a_file_is_refused_before_any_work(tmp_path, capsys):
+    (tmp_path / "taken").write_text("mine")
+    for out in (tmp_path / "taken", ""):
+        assert main(["ratings", "--models", "mf", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {tmp_path / 'taken'} is a file, not a folder" in err and "--out is empty" in err
+    assert (tmp_path / "taken").read_text() == "mine"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal of a GPU that is not there")

@@ -64,6 +64,14 @@ def test_bad_inputs(tmp_path, capsys):
     assert "--n-test must be at least 0, got -1" in capsys.readouterr().err
     assert main(["svhn", "--device", "gpu", "--out", str(tmp_path / "out")]) == 2
     assert "--device must be one of ('auto', 'cpu', 'cuda') (or 'cuda:N'), got 'gpu'" in capsys.readouterr().err
+    assert main(["svhn", "--seed", "-1", "--out", str(tmp_path / "out")]) == 2
+    assert "--seed must lie in 0..4294967295, got -1" in capsys.readouterr().err
+    assert main(["svhn", "--lr", "nan", "--out", str(tmp_path / "out")]) == 2
+    assert "--lr must be positive and finite, got nan" in capsys.readouterr().err
+    # refused before training, which at the defaults takes hours, rather than when the results are written
+    (tmp_path / "taken").write_text("mine")
+    assert main(["svhn", "--out", str(tmp_path / "taken")]) == 2
+    assert f"--out {tmp_path / 'taken'} is a file, not a folder" in capsys.readouterr().err
 
 
 def test_cli_runs_on_mat_files_in_the_real_format(tmp_path, capsys):

@@ -10,6 +10,7 @@ import torch
 from mnar_recsys.cli import main
 from mnar_recsys.data.uci import UCI_DATASETS, expected_file, load_uci
 from mnar_recsys.evaluation.metrics import imputation_rmse
+from mnar_recsys.pipelines import uci as uci_pipeline
 from mnar_recsys.pipelines.uci import UCIConfig, make_imputer, masked_dataset, paper_rmse, results_markdown
 
 # the shared data folder beside the project root; $MNAR_RECSYS_UCI_DIR overrides (e.g. from a worktree)
@@ -128,6 +129,36 @@ def test_counts_below_one_are_refused_before_any_data_is_read(tmp_path, capsys, 
     empty = tmp_path / "no_files_here"
     assert main(["uci", "--dataset", "yeast", "--data-dir", str(empty), option, "0", "--out", str(tmp_path)]) == 2
     assert f"{option} must be at least 1, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--seed", "-1"], "--seed (and the last run's seed + runs - 1) must lie in 0..4294967295, got -1"),
+    (["--seed", "4294967295", "--runs", "2"], "must lie in 0..4294967295, got 4294967296"),
+    (["--offset", "nan"], "--offset must be finite, got nan"),
+])
+def test_seeds_and_offsets_no_run_could_use_are_refused_before_any_data_is_read(tmp_path, capsys, options, message):
+    """A seed of -1 had failed in NumPy after an earlier run's files were gone; an offset of NaN masked nothing and
+    failed in the mean imputer."""
+    empty = tmp_path / "no_files_here"
+    assert main(["uci", "--dataset", "yeast", "--data-dir", str(empty), *options, "--out", str(tmp_path)]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_an_out_that_is_a_file_is_refused_and_an_earlier_run_is_kept_until_a_record_replaces_it(
+        tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("MNAR_RECSYS_UCI_DIR", raising=False)
+    (tmp_path / "taken").write_text("mine")
+    assert main(["uci", "--dataset", "breast", "--models", "mean", "--out", str(tmp_path / "taken")]) == 2
+    assert f"--out {tmp_path / 'taken'} is a file, not a folder" in capsys.readouterr().err
+    out = tmp_path / "r"
+    assert main(["uci", "--dataset", "breast", "--models", "mean", "--runs", "1", "--out", str(out)]) == 0
+    earlier = (out / "results.json").read_text()
+
+    def fail(*args):
+        raise ValueError("the first run failed")
+    monkeypatch.setattr(uci_pipeline, "run_one", fail)
+    assert main(["uci", "--dataset", "breast", "--models", "mean", "--runs", "1", "--out", str(out)]) == 2
+    assert (out / "results.json").read_text() == earlier and (out / "rmse.png").exists()
 
 
 def test_unknown_dataset_files_are_an_error(tmp_path, capsys):

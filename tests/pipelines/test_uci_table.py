@@ -58,6 +58,16 @@ def test_runs_merge_into_one_table(runs, capsys):
     assert "merged 7 runs from 4 files" in capsys.readouterr().out
 
 
+def test_a_table_merged_into_the_folder_it_reads_is_not_read_again(runs, capsys):
+    """The second merge would otherwise find the first's results.json beside the runs and refuse its records
+    as repeats; a merged table passed on its own is refused by name."""
+    for _ in range(2):
+        assert main(["uci-table", str(runs / "seed0"), str(runs / "seed1"), "--out", str(runs / "seed1" / "t")]) == 0
+    assert "merged 4 runs from 2 files" in capsys.readouterr().out
+    assert main(["uci-table", str(runs / "seed1" / "t" / "results.json"), "--out", str(runs / "t2")]) == 2
+    assert "a table merged by `mnar-recsys uci-table`, not a `uci` run's results" in capsys.readouterr().err
+
+
 def test_files_that_cannot_be_merged_are_refused(runs, tmp_path, capsys):
     seed0 = runs / "seed0" / "results.json"
     copy = tmp_path / "copy" / "results.json"
@@ -86,6 +96,18 @@ def test_files_that_cannot_be_merged_are_refused(runs, tmp_path, capsys):
     copy.write_text(json.dumps(longer))
     assert main(["uci-table", str(copy), "--out", str(tmp_path / "t3")]) == 2
     assert f"{copy}: record 1 lacks rmse" in capsys.readouterr().err
+
+    longer["records"][1]["rmse"], longer["records"][1]["seed"] = 1.0, [0]
+    copy.write_text(json.dumps(longer))
+    assert main(["uci-table", str(copy), "--out", str(tmp_path / "t3")]) == 2
+    assert f"{copy}: record 1 has seed [0], expected an integer" in capsys.readouterr().err
+    longer["records"] = []
+    copy.write_text(json.dumps(longer))
+    assert main(["uci-table", str(copy), "--out", str(tmp_path / "t3")]) == 2
+    assert f"no records in {copy}: nothing to tabulate" in capsys.readouterr().err
+    copy.write_bytes(b"\xff\xfe")
+    assert main(["uci-table", str(copy), "--out", str(tmp_path / "t3")]) == 2
+    assert f"{copy}: not a results.json written by `mnar-recsys uci` (not JSON: " in capsys.readouterr().err
 
     copy.write_text(json.dumps({"records": []}))
     assert main(["uci-table", str(copy), "--out", str(tmp_path / "t3")]) == 2

@@ -4,10 +4,11 @@ import numpy as np
 import pytest
 import torch
 
+import mnar_recsys
 from mnar_recsys.data.rows import as_rows
 from mnar_recsys.models.config import ModelConfig, build_model
 from mnar_recsys.training import checkpoint, trainer
-from mnar_recsys.training.trainer import TrainConfig, fit
+from mnar_recsys.training.trainer import TrainConfig, TrainingDiverged, fit
 
 CONFIG = ModelConfig(n_features=8, latent_dim=3, embedding_dim=4, code_dim=8, missing="itemwise")
 TRAIN = TrainConfig(iterations=100, batch_size=20, n_samples=5, lr=1e-2, seed=3, progress=False, log_every=50,
@@ -48,6 +49,23 @@ def test_fit_increases_the_bound(ratings):
     assert after > before + 1.0
 
 
+def test_the_history_is_the_bounds_moving_average_with_decay_098(ratings, monkeypatch):
+    """A bound of 1 at the first step and 0 after it leaves 0.98^49 in the average at step 50."""
+    monkeypatch.setattr(trainer, "_step", lambda *args: 1.0 if args[5] == 1 else 0.0)
+    torch.manual_seed(0)
+    history = fit(build_model(CONFIG), ratings, TrainConfig(**{**TRAIN.to_dict(), "iterations": 50}))
+    assert history.bound == [(50, pytest.approx(0.98 ** 49))]
+
+
+def test_training_that_diverges_stops_and_says_so(ratings):
+    """A bound that is no longer finite would otherwise be trained on, and the model scored, as if it were a fit."""
+    torch.manual_seed(0)
+    with pytest.raises(TrainingDiverged, match=r"training diverged at iteration \d+: the batch's mean bound is"):
+        fit(build_model(CONFIG), ratings, TrainConfig(**{**TRAIN.to_dict(), "lr": 1e6}))
+    with pytest.raises(ValueError, match="lr must be positive and finite, got inf"):
+        TrainConfig(lr=float("inf"))
+
+
 def test_fit_is_reproducible_from_its_seed(ratings):
     """Two runs from the same initial seed and TrainConfig.seed end with identical parameters; another
     training seed does not."""
@@ -68,6 +86,7 @@ def test_checkpoint_round_trip_gives_identical_bounds(ratings, tmp_path):
     checkpoint.save(model, CONFIG, tmp_path / "model", extra={"train": TRAIN.to_dict()})
     loaded, config, meta = checkpoint.load(tmp_path / "model")
     assert config == CONFIG
+    assert meta.pop("provenance")["package_version"] == mnar_recsys.__version__  # which version saved it
     assert meta == {"train": TRAIN.to_dict()}
     for (name, a), b in zip(model.state_dict().items(), loaded.state_dict().values()):
         assert torch.equal(a, b), name
