@@ -122,7 +122,9 @@ class NotMIWAERecommender:
         """Conditional-mean ratings of (users[i], items[i]), clipped to the rating scale.
 
         Each user is encoded from their training ratings and the items imputed by self-normalised
-        importance sampling; only the users asked about are processed.
+        importance sampling; only the users asked about are processed. One seeded stream draws the noise of
+        all of them, so a call repeats exactly, but a user's prediction moves, within Monte Carlo error, with
+        the other users asked about in the same call.
         """
         return np.clip(self.impute(users, items).mean, *self.config.rating_scale)
 

@@ -272,8 +272,9 @@ def run_ratings(run: RatingsRun, progress: bool = True) -> dict[str, Any]:
     resolve_device(run.device)
     order = {task[1:3]: position for position, task in enumerate(tasks)}
     records, estimator, predictions, finished = [], [], {}, {}
+    # "complete" stays false until every run and figure is written: a stopped run's files say so
     results = {"data": describe(data), "config": run_settings(run), "provenance": provenance(), "records": records,
-               "estimator_k": estimator}
+               "estimator_k": estimator, "planned_runs": len(tasks), "complete": False}
     for (_, seed, name, _), (record, predicted, studied) in run_tasks(fit_one, tasks, run.jobs):
         if not finished:  # an earlier run's files stay until this run has a record to replace them
             remove_previous(out, OUTPUTS)
@@ -287,7 +288,7 @@ def run_ratings(run: RatingsRun, progress: bool = True) -> dict[str, Any]:
         # rewritten after every model, so a long run that is stopped keeps what it finished
         table = summary_table(records)
         write_json(out / "results.json", results)
-        write_atomic(out / "results.md", report(data, run, table, estimator))
+        write_atomic(out / "results.md", report(data, run, table, estimator, unfinished=len(tasks) - len(records)))
         if progress:
             print(f"seed {seed} {name}: MSE {record['mse']:.3f}, MAE {record['mae']:.3f} "
                   f"({record['train_seconds']:.0f} s)", flush=True)
@@ -298,6 +299,8 @@ def run_ratings(run: RatingsRun, progress: bool = True) -> dict[str, Any]:
     plots.per_rating_mse(records, out / "per_rating_mse.png", title=f"{data.name}: MSE per true rating")
     if any("training_curve" in r for r in records):
         plots.training_curves(records, out / "training_curves.png", title=f"{data.name}: the bound while training")
+    results["complete"] = True
+    write_json(out / "results.json", results)
     print(table)
     return results
 
@@ -329,14 +332,18 @@ def estimator_table(estimator: list[dict[str, Any]]) -> str:
     return markdown_table(["x_m", "K", "MCAR MSE", "MCAR MAE", "ESS (mean over users)", "predict s"], rows)
 
 
-def report(data: RatingsData, run: RatingsRun, table: str, estimator: list[dict[str, Any]]) -> str:
-    lines = [f"# MCAR evaluation on {data.name}", "",
-             f"{data.n_users} users x {data.n_items} items, {data.train.nnz} MNAR train ratings, "
-             f"{data.test.nnz} MCAR test ratings (5% per seed held out for MF-IPS and not scored). "
-             f"Seeds {', '.join(map(str, run.seeds))}; not-MIWAE iterations {run.iterations}, lr {run.lr}, "
-             f"importance samples {run.importance_samples}{_subsampling_note(run)}.{_tuning_note(run)} "
-             "Mean ± sd over seeds.", "",
-             table]
+def report(data: RatingsData, run: RatingsRun, table: str, estimator: list[dict[str, Any]],
+           unfinished: int = 0) -> str:
+    """The results.md text; `unfinished`: runs not yet written, said at the top until none is left."""
+    lines = [f"# MCAR evaluation on {data.name}", ""]
+    if unfinished:
+        lines += [f"**Incomplete**: {unfinished} of the {len(run.seeds) * len(run.models)} (seed, model) runs are not "
+                  "in it yet; this file is rewritten as each finishes, and the figures come at the end.", ""]
+    lines += [f"{data.n_users} users x {data.n_items} items, {data.train.nnz} MNAR train ratings, "
+              f"{data.test.nnz} MCAR test ratings (5% per seed held out for MF-IPS and not scored). "
+              f"Seeds {', '.join(map(str, run.seeds))}; not-MIWAE iterations {run.iterations}, lr {run.lr}, "
+              f"importance samples {run.importance_samples}{_subsampling_note(run)}.{_tuning_note(run)} "
+              "Mean ± sd over seeds.", "", table]
     if estimator:
         lines += ["", f"## {ESTIMATOR_MODEL}: importance samples K and the x_m factor at prediction", "",
                   estimator_table(estimator)]

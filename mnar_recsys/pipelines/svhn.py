@@ -202,7 +202,7 @@ def run_clipping(train_images: np.ndarray, test_images: np.ndarray, config: SVHN
     results: dict[str, Any] = {"constant-ones": {"rmse": imputation_rmse(flat, np.ones_like(flat), mask)}}
     payload = {"provenance": provenance(), "config": asdict(config), "source": source,
                "n_train": len(train_images), "n_test": len(test_images), "missing_rate": float(1 - mask.mean()),
-               "results": results, "paper": PAPER}
+               "results": results, "paper": PAPER, "complete": False}
     imputed = {}
     for name, missing in zip(MODELS, ("fixed-logistic", "mcar")):
         results[name], imputed[name] = train_and_score(missing, train_images, masked, mask, test_images, config,
@@ -216,6 +216,8 @@ def run_clipping(train_images: np.ndarray, test_images: np.ndarray, config: SVHN
     shape = train_images.shape
     save_figure(grid_figure({"original": train_images, "masked": masked.reshape(shape),
                              **{m: imputed[m].reshape(shape) for m in MODELS}}), out / "images.png")
+    payload["complete"] = True
+    write_json(out / "results.json", payload)
     write_atomic(out / "results.md", results_markdown(payload))
     return payload
 

@@ -225,7 +225,9 @@ def run_uci(datasets: list[str], models: list[str], config: UCIConfig, out: Path
         raise ValueError(f"--jobs must be at least 1, got {jobs}")
     check_output_folder(out)
     data = {name: masked_dataset(load_uci(name, data_dir), config.offset) for name in datasets}  # fail early
-    meta = {"provenance": provenance(), "protocol": asdict(config), "data_dir": data_dir, "jobs": jobs}
+    # "complete" stays false until every run and the figure are written: a stopped run's file says so
+    meta = {"provenance": provenance(), "protocol": asdict(config), "data_dir": data_dir, "jobs": jobs,
+            "complete": False}
     resolve_device(config.device)
     keys = [(name, model, run) for name in data for model in models for run in range(config.runs)]
     order = {key: position for position, key in enumerate(keys)}
@@ -241,6 +243,7 @@ def run_uci(datasets: list[str], models: list[str], config: UCIConfig, out: Path
         write_json(out / "results.json", {**meta, "records": records})
     write_atomic(out / "results.md", results_markdown(records, asdict(config)))
     rmse_figure(records, out / "rmse.png")
+    write_json(out / "results.json", {**meta, "complete": True, "records": records})
     return records
 
 

@@ -80,7 +80,8 @@ def merge(files: list[Path]) -> dict[str, Any]:
             if shared[key] != protocol[key]:
                 raise ValueError(f"{path} has {key} = {shared[key]!r} but {first} has {protocol[key]!r}: "
                                  "merge runs of one protocol")
-        sources.append({"path": str(path), "provenance": payload.get("provenance"), "protocol": file_protocol})
+        sources.append({"path": str(path), "provenance": payload.get("provenance"), "protocol": file_protocol,
+                        "complete": payload.get("complete")})
         for index, record in enumerate(file_records):
             _check_record(record, path, index)
             row = _row(record, file_protocol)

@@ -163,6 +163,25 @@ def test_a_rerun_that_fails_before_its_first_record_leaves_the_earlier_results(t
     assert (out / "results.json").read_text() == earlier and (out / "per_rating_mse.png").exists()
 
 
+def test_a_run_that_stops_part_way_says_so_in_its_files(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "run"
+    fit_one = ratings_pipeline.fit_one
+
+    def fail_on_pmf(run, seed, name, progress):
+        if name == "pmf":
+            raise ValueError("stopped")
+        return fit_one(run, seed, name, progress)
+    monkeypatch.setattr(ratings_pipeline, "fit_one", fail_on_pmf)
+    assert small_run(out, "--models", "mf,pmf") == 2
+    results = json.loads((out / "results.json").read_text())
+    assert results["complete"] is False and results["planned_runs"] == 2 and len(results["records"]) == 1
+    assert "**Incomplete**: 1 of the 2 (seed, model) runs are not in it yet" in (out / "results.md").read_text()
+    monkeypatch.undo()
+    assert small_run(out, "--models", "mf,pmf") == 0
+    assert json.loads((out / "results.json").read_text())["complete"] is True
+    assert "Incomplete" not in (out / "results.md").read_text()
+
+
 def test_an_out_that_is_a_file_is_refused_before_any_work(tmp_path, capsys):
     (tmp_path / "taken").write_text("mine")
     for out in (tmp_path / "taken", ""):

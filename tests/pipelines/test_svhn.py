@@ -25,7 +25,7 @@ def test_true_clipping_model_imputes_bright_pixels(tmp_path):
     assert results["miwae"]["fraction_imputed_above_clip"] < 0.1
     assert all(np.isfinite(results[m]["test_log_likelihood"]) for m in ("notmiwae", "miwae"))
     saved = json.loads((tmp_path / "results.json").read_text())
-    assert saved["provenance"]["commit"] is not None and saved["config"]["lr"] == 0.01
+    assert saved["provenance"]["commit"] is not None and saved["config"]["lr"] == 0.01 and saved["complete"] is True
     assert {p.name for p in tmp_path.iterdir()} >= {"results.json", "results.md", "histograms.png", "images.png"}
     assert "not-MIWAE" in (tmp_path / "results.md").read_text()
 

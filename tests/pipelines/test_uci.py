@@ -32,6 +32,7 @@ def test_breast_cli_writes_results(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json", "results.md", "rmse.png"]
     payload = json.loads((tmp_path / "results.json").read_text())
     assert payload["provenance"]["package_version"] and payload["protocol"]["iterations"] == 5
+    assert payload["complete"] is True  # false while runs are still to come, and in a stopped run's file
     records = payload["records"]
     assert [(r["model"], r["run"]) for r in records] == [(m, run) for m in models for run in (0, 1)]
     for r in records:
