@@ -123,6 +123,8 @@ class RatingsRun:
                        if getattr(self, name) != RatingsRun.__dataclass_fields__[name].default]
             if changed:
                 raise ValueError(f"{', '.join(changed)} set(s) the simulator, which --data {self.data} does not use")
+        else:
+            simulator_config(self)  # refused now, before any work, not when the data are drawn
 
 
 _LOADED: dict[tuple, RatingsData] = {}  # the last data set this process loaded, by its settings
@@ -143,9 +145,16 @@ def _read_data(run: RatingsRun) -> RatingsData:
         return load_coat(run.data_dir)
     if run.data == "yahoo":
         return load_yahoo_r3(run.data_dir)
-    return simulate_ratings(SimulatorConfig(n_users=run.users, n_items=run.items,
-                                            n_test_users=simulated_test_users(run), selection=run.selection,
-                                            seed=run.data_seed))
+    return simulate_ratings(simulator_config(run))
+
+
+def simulator_config(run: RatingsRun) -> SimulatorConfig:
+    """The simulator's settings for --data synthetic; the options that fail its checks are named."""
+    try:
+        return SimulatorConfig(n_users=run.users, n_items=run.items, n_test_users=simulated_test_users(run),
+                               selection=run.selection, seed=run.data_seed)
+    except ValueError as error:
+        raise ValueError(f"--users {run.users} --items {run.items}: the simulator refuses them ({error})") from None
 
 
 def simulated_test_users(run: RatingsRun) -> int:
