@@ -172,8 +172,8 @@ class _Tally:
         self.counts[numbers] += np.bincount(codes, minlength=len(uniques))
 
     def finish(self) -> np.ndarray:
-        """The sorted distinct ids, made as read_triples makes them (int64 when every token is an integer,
-        else stripped strings); sets each token's position among them and each id's count."""
+        """The sorted distinct ids, made as read_triples makes them (int64 when every token is an integer
+        written plainly, else stripped strings); sets each token's position among them and each id's count."""
         tokens = np.fromiter(self.number, dtype=object, count=len(self.number))
         self.index = pd.Index(tokens)  # looks up a whole chunk at C speed
         del self.number

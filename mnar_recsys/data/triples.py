@@ -34,7 +34,7 @@ class Triples:
     """Rows of one source, each with the 1-based line (file) or row (DataFrame) it came from.
 
     After ``read_triples``: ``ratings`` are int64 on the scale, ids are int64 when every id is an
-    integer (else strings), and no (user, item) pair repeats.
+    integer written plainly (no leading zero or exponent; else strings), and no (user, item) pair repeats.
     """
 
     source: str
@@ -65,7 +65,7 @@ def read_triples(
     ``header=None`` treats a first line with no numeric field as a header. Blank lines are skipped; quoting
     is not supported.
     DataFrames: columns named user/item/rating, else exactly three columns in that order; errors
-    name ``label`` and the 1-based row. ``integer_ids`` makes non-integer ids an error.
+    name ``label`` and the 1-based row. ``integer_ids`` makes ids that are not integers written plainly an error.
     Raises ValueError (naming source and line) on a source with no ratings, a wrong column count, a
     non-integer or off-scale rating, a missing or (with ``integer_ids``) non-integer id, or a repeated
     (user, item) pair.
@@ -165,14 +165,17 @@ def file_layout(path: Path, lines: Iterable[str], sep: str | None,
 
 
 def _columns_by_name(path: Path, number: int, names: list[str]) -> tuple[int, int, int]:
-    """The columns of user, item and rating that a header line's names give (in order when it names none)."""
+    """The columns of user, item and rating that a header line's names give (in order when it names none, or
+    when it has other than three names, e.g. 'user id item id rating' split on whitespace)."""
+    if len(names) != len(COLUMNS):
+        return 0, 1, 2
     roles = [next((role for role, known in _HEADER_NAMES.items()
                    if name.strip().strip("\"'").lower().replace(" ", "_").replace("-", "_") in known), None)
              for name in names]
     if sorted(filter(None, roles)) == sorted(COLUMNS):
         return tuple(roles.index(role) for role in COLUMNS)
     for position, (name, role) in enumerate(zip(names, roles)):
-        if role is not None and position < len(COLUMNS) and role != COLUMNS[position]:
+        if role is not None and role != COLUMNS[position]:
             raise ValueError(f"{path}, line {number}: the header names {name.strip()!r} in column {position + 1}, "
                              f"where the {COLUMNS[position]} is read; name all three columns (user, item, rating) "
                              "or give them in that order")
@@ -249,12 +252,13 @@ def _parse_ratings(raw: Triples, rating_scale: tuple[int, int]) -> np.ndarray:
     return numbers.astype(np.int64)
 
 
-_PLAIN_INTEGER = r"-?(?:0|[1-9][0-9]*)"
+_PLAIN_INTEGER = r"-?(?:0|[1-9][0-9]*)(?:\.0*)?"  # '7.0' too: pandas writes integer ids so beside a NaN
 
 
 def _written_plainly(values: np.ndarray) -> np.ndarray:
-    """Whether each value is a number, or text that writes an integer the one way (digits, an optional minus, no
-    leading zero): '0042' and '42', or '1e3' and '1000', are two ids, as codes such as ISBNs are."""
+    """Whether each value is a number, or text that writes an integer plainly (digits, an optional minus, no
+    leading zero, no exponent; a '.0' is allowed): '0042' and '42', or '1e3' and '1000', are two ids, as codes
+    such as ISBNs are."""
     values = np.asarray(values, dtype=object)
     strings = np.fromiter((isinstance(v, str) for v in values), dtype=bool, count=len(values))
     plain = np.ones(len(values), dtype=bool)

@@ -20,7 +20,7 @@ from mnar_recsys.devices import resolve_device
 from mnar_recsys.inference import importance
 from mnar_recsys.models.config import ModelConfig, build_model
 from mnar_recsys.training.seeds import seeded
-from mnar_recsys.training.trainer import TrainConfig, fit
+from mnar_recsys.training.trainer import TrainConfig, TrainingDiverged, fit
 
 DECODERS = ("gaussian", "linear")
 MISSING = ("mcar", "agnostic", "self-masking", "self-masking-known")
@@ -157,18 +157,24 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
         rng = check_random_state(self.random_state)
         scores = None if self.n_init == 1 else []
         best_score, best = -np.inf, None
-        for i in range(self.n_init):
+        for _ in range(self.n_init):
             seed = int(rng.randint(2 ** 31 - 1))
             train.seed = seed
             with seeded(seed, resolve_device(self.device)):  # initialisation; `fit` seeds its own streams
                 model = build_model(config)
-                history = fit(model, standardized, train)
+                try:
+                    history = fit(model, standardized, train)
+                except TrainingDiverged:
+                    if scores is None or (best is None and len(scores) == self.n_init - 1):
+                        raise  # one fit only, or the last of starts that all diverged
+                    scores.append(float("nan"))  # one of several starts diverged: the others may not
+                    continue
             score = -np.inf
             if scores is not None:
                 score = self._mean_log_likelihood(model, seed, standardized)
                 scores.append(score)
             # only the best fit so far is held; a NaN score never displaces a fit, nor is kept past the first
-            if i == 0 or score > best_score:
+            if best is None or score > best_score:
                 best = model, history, seed
             best_score = max(best_score, score)
         self.mean_, self.scale_, self.init_scores_ = mean, scale, scores

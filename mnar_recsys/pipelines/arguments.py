@@ -36,14 +36,15 @@ def check_counts(config: object, least: dict[str, int]) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be at least {bound}, got {value}")
 
 
-MAX_SEED = 2**32 - 1  # the largest seed every generator the runs seed (NumPy's legacy one, scikit-learn's) takes
+MAX_SEED = 2**32 - 1  # the largest seed NumPy's legacy generator takes, as scikit-learn and implicit seed it
+TORCH_MAX_SEED = 2**64 - 1  # the largest torch.manual_seed takes (NumPy's Generator takes any)
 
 
-def check_seeds(label: str, seeds: tuple[int, ...] | list[int]) -> None:
-    """Refuse a seed outside 0..MAX_SEED, naming its option, before an earlier run's files are touched."""
-    bad = [s for s in seeds if not 0 <= s <= MAX_SEED]
+def check_seeds(label: str, seeds: tuple[int, ...] | list[int], most: int = MAX_SEED) -> None:
+    """Refuse a seed outside 0..`most`, naming its option, before an earlier run's files are touched."""
+    bad = [s for s in seeds if not 0 <= s <= most]
     if bad:
-        raise ValueError(f"{label} must lie in 0..{MAX_SEED}, got {', '.join(map(str, bad))}")
+        raise ValueError(f"{label} must lie in 0..{most}, got {', '.join(map(str, bad))}")
 
 
 def check_positive_finite(label: str, value: float) -> None:

@@ -19,7 +19,8 @@ from mnar_recsys.estimators.imputer import NotMIWAEImputer
 from mnar_recsys.evaluation.metrics import imputation_rmse
 from mnar_recsys.inference.importance import ImportanceConfig, impute
 from mnar_recsys.models.config import ModelConfig, build_model
-from mnar_recsys.pipelines.arguments import add_config_options, check_counts, check_seeds, config_from_options, option
+from mnar_recsys.pipelines.arguments import (TORCH_MAX_SEED, add_config_options, check_counts, check_seeds,
+                                             config_from_options, option)
 from mnar_recsys.training.trainer import TrainConfig, fit
 
 
@@ -37,7 +38,7 @@ class DemoConfig:
     def __post_init__(self) -> None:
         check_counts(self, {**dict.fromkeys(("n_rows", "rank", "iterations", "n_samples", "importance_samples"), 1),
                             "n_features": 2})
-        check_seeds("--seed", [self.seed])
+        check_seeds("--seed", [self.seed], most=TORCH_MAX_SEED)  # torch and NumPy's Generator only
 
 
 def low_rank_self_masked(config: DemoConfig) -> tuple[np.ndarray, np.ndarray]:

@@ -21,7 +21,7 @@ import torch
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
-from mnar_recsys.pipelines.arguments import (add_config_options, check_counts, check_device_option,
+from mnar_recsys.pipelines.arguments import (TORCH_MAX_SEED, add_config_options, check_counts, check_device_option,
                                                 check_output_folder, check_positive_finite, check_seeds,
                                                 config_from_options, option)
 from mnar_recsys.data.amputation import apply_mask
@@ -64,7 +64,7 @@ class SVHNConfig:
         check_counts(self, {**dict.fromkeys(("iterations", "refit_iterations", "batch_size", "n_samples",
                                              "importance_samples", "ll_samples"), 1), "n_train": 0, "n_test": 0})
         check_device_option(self.device)
-        check_seeds("--seed", [self.seed])
+        check_seeds("--seed", [self.seed], most=TORCH_MAX_SEED)  # torch and NumPy's Generator only
         check_positive_finite("--lr", self.lr)
         self.channels()  # a bad --conv-channels is refused now, not after the images are loaded
 
@@ -216,9 +216,9 @@ def run_clipping(train_images: np.ndarray, test_images: np.ndarray, config: SVHN
     shape = train_images.shape
     save_figure(grid_figure({"original": train_images, "masked": masked.reshape(shape),
                              **{m: imputed[m].reshape(shape) for m in MODELS}}), out / "images.png")
+    write_atomic(out / "results.md", results_markdown(payload))
     payload["complete"] = True
     write_json(out / "results.json", payload)
-    write_atomic(out / "results.md", results_markdown(payload))
     return payload
 
 

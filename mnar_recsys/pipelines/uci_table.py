@@ -26,9 +26,14 @@ DRAWN = " (drawn x_m)"  # the row suffix of models imputed from the drawn x_m
 
 
 def results_files(paths: list[Path], out: Path | None = None) -> list[Path]:
-    """The given results.json files, and every results.json below the given folders but `out`'s own (an earlier
-    merge into it), in a stable order."""
-    own = None if out is None else (out / "results.json").resolve()
+    """The given results.json files, and every results.json below the given folders but `out`'s own, in a stable
+    order. `out` may hold an earlier merge, which the new one replaces, but not a `uci` run's results."""
+    own = None
+    if out is not None and (out / "results.json").is_file():
+        own = (out / "results.json").resolve()
+        if not _is_merged_table(own):
+            raise ValueError(f"--out {out} holds a `uci` run's results.json, which the table would overwrite; "
+                             "choose another folder")
     files = []
     for path in paths:
         if path.is_dir():
@@ -41,6 +46,14 @@ def results_files(paths: list[Path], out: Path | None = None) -> list[Path]:
         else:
             raise FileNotFoundError(f"{path}: no such file or folder")
     return files
+
+
+def _is_merged_table(path: Path) -> bool:
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    return isinstance(payload, dict) and "sources" in payload
 
 
 def _row(record: dict[str, Any], protocol: dict[str, Any]) -> str:

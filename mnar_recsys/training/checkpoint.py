@@ -59,22 +59,21 @@ def load(directory: str | Path, map_location: str = "cpu") -> tuple[NotMIWAE, Mo
                              "differs): a save into this folder was interrupted; save the model again")
     config = config_from(ModelConfig, meta.pop("model"), path, meta.get(PROVENANCE_KEY))
     model = build_model(config)
-    try:
-        state = torch.load(directory / STATE_FILE, map_location=map_location, weights_only=True)
-        model.load_state_dict(state)
+    try:  # read onto the CPU here, so that only the file's own faults are reported as the file's
+        model.load_state_dict(torch.load(directory / STATE_FILE, map_location="cpu", weights_only=True))
     except Exception as error:  # torch's zip reader, unpickler and key checks each raise their own kind
         raise ValueError(f"{directory / STATE_FILE} does not hold the weights of the model {path} describes: "
                          f"{error}") from error
-    return model.eval(), config, meta
+    return model.to(map_location).eval(), config, meta
 
 
 def config_from(config_type: type, fields: dict[str, Any], path: Path, saved_by: Any = None) -> Any:
-    """`config_type(**fields)`, or a ValueError naming `path` and the package that saved it when its fields are
-    not this version's."""
+    """`config_type(**fields)`, or a ValueError naming `path` and the package version that saved it when this
+    version cannot rebuild it (a field it does not know, a value it refuses)."""
     try:
         return config_type(**fields)
-    except TypeError as error:
+    except (TypeError, ValueError) as error:  # a field it does not know, or a value it refuses
         version = saved_by.get("package_version") if isinstance(saved_by, dict) else None
-        raise ValueError(f"{path}: its {config_type.__name__} does not fit this version of mnar_recsys ({error}); "
+        raise ValueError(f"{path}: this version of mnar_recsys cannot rebuild its {config_type.__name__} ({error}); "
                          f"it was saved by {'version ' + str(version) if version else 'an unknown version'}") \
             from None

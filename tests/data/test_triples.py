@@ -168,6 +168,8 @@ def test_a_header_is_read_by_name(tmp_path):
         read_triples(swapped)
     unnamed = write(tmp_path / "unnamed.csv", "a,b,c\n1,2,5\n")
     assert read_triples(unnamed).users.tolist() == [1]
+    spaced = write(tmp_path / "spaced.txt", "user id item id rating\n1 7 5\n2 8 4\n")  # five names, three columns
+    assert read_triples(spaced).items.tolist() == [7, 8]
 
 
 def test_ids_written_two_ways_stay_two_ids(tmp_path):
@@ -176,3 +178,6 @@ def test_ids_written_two_ways_stay_two_ids(tmp_path):
     data = load_triples(source, source)
     np.testing.assert_array_equal(data.item_ids, ["0042", "1000", "1e3", "42"])
     assert data.train.nnz == 4
+    # as pandas writes integer ids beside a missing value: still the integers
+    floats = load_triples(write(tmp_path / "f.csv", "1.0,10.0,5\n2.0,20.0,4\n"), write(tmp_path / "t.csv", "1,20,3\n"))
+    np.testing.assert_array_equal(floats.user_ids, [1, 2])

@@ -11,8 +11,10 @@ from sklearn.pipeline import Pipeline
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from mnar_recsys.data.amputation import apply_mask, paper_self_masking, standardize
+from mnar_recsys.estimators import imputer as imputer_module
 from mnar_recsys.estimators.imputer import NotMIWAEImputer
 from mnar_recsys.models.config import ModelConfig
+from mnar_recsys.training.trainer import TrainingDiverged
 
 TINY = dict(iterations=3, hidden=8, importance_samples=20, random_state=0)
 SHORT = dict(iterations=150, hidden=32, importance_samples=200, random_state=0)
@@ -112,6 +114,27 @@ def test_n_init_never_keeps_a_nan_score_over_a_number(self_masked, monkeypatch, 
     seeds = [rng.randint(2 ** 31 - 1) for _ in scores]
     assert imputer.seed_ == seeds[kept]  # ties keep the first of them, as np.argmax does
     np.testing.assert_array_equal(imputer.init_scores_, scores)
+
+
+def test_n_init_passes_over_a_start_that_diverges(self_masked, monkeypatch):
+    """A start whose training diverges scores NaN and is not kept; with every start diverged, the error stands."""
+    _, _, Xm = self_masked
+    fit = imputer_module.fit
+    calls = []
+
+    def diverging(model, data, config):
+        calls.append(config.seed)
+        if len(calls) in diverged:
+            raise TrainingDiverged("training diverged at iteration 3")
+        return fit(model, data, config)
+    monkeypatch.setattr(imputer_module, "fit", diverging)
+    diverged = {1}
+    imputer = NotMIWAEImputer(**{**TINY, "n_init": 2}).fit(Xm)
+    assert np.isnan(imputer.init_scores_[0]) and np.isfinite(imputer.init_scores_[1]) and imputer.seed_ == calls[1]
+    calls.clear()
+    diverged = {1, 2}
+    with pytest.raises(TrainingDiverged):
+        NotMIWAEImputer(**{**TINY, "n_init": 2}).fit(Xm)
 
 
 def test_a_failed_refit_leaves_the_last_fit_whole(self_masked, monkeypatch):

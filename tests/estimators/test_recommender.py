@@ -144,7 +144,9 @@ def test_a_damaged_or_foreign_save_is_refused_naming_the_file(small_ratings, tmp
     assert f"{config} is not valid JSON" in load_with("{")
     assert f"{config}: expected an object with a 'model' config object" in load_with(json.dumps({"sha256": {}}))
     foreign = {**meta, "model": {**meta["model"], "heads": 3}}
-    assert f"{config}: its ModelConfig does not fit this version of mnar_recsys" in load_with(json.dumps(foreign))
+    assert f"{config}: this version of mnar_recsys cannot rebuild its ModelConfig" in load_with(json.dumps(foreign))
+    refused = {**meta, "model": {**meta["model"], "latent_dim": -1}}
+    assert "cannot rebuild its ModelConfig (latent_dim must be" in load_with(json.dumps(refused))
     undigested = {key: value for key, value in meta.items() if key != "sha256"}
     (saved / "state.pt").write_bytes((saved / "state.pt").read_bytes()[:-100])
     assert "state.pt does not hold the weights of the model" in load_with(json.dumps(undigested))

@@ -65,7 +65,7 @@ def test_bad_inputs(tmp_path, capsys):
     assert main(["svhn", "--device", "gpu", "--out", str(tmp_path / "out")]) == 2
     assert "--device must be one of ('auto', 'cpu', 'cuda') (or 'cuda:N'), got 'gpu'" in capsys.readouterr().err
     assert main(["svhn", "--seed", "-1", "--out", str(tmp_path / "out")]) == 2
-    assert "--seed must lie in 0..4294967295, got -1" in capsys.readouterr().err
+    assert "--seed must lie in 0..18446744073709551615, got -1" in capsys.readouterr().err
     assert main(["svhn", "--lr", "nan", "--out", str(tmp_path / "out")]) == 2
     assert "--lr must be positive and finite, got nan" in capsys.readouterr().err
     # refused before training, which at the defaults takes hours, rather than when the results are written

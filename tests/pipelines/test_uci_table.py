@@ -66,6 +66,11 @@ def test_a_table_merged_into_the_folder_it_reads_is_not_read_again(runs, capsys)
     assert "merged 4 runs from 2 files" in capsys.readouterr().out
     assert main(["uci-table", str(runs / "seed1" / "t" / "results.json"), "--out", str(runs / "t2")]) == 2
     assert "a table merged by `mnar-recsys uci-table`, not a `uci` run's results" in capsys.readouterr().err
+    # a run's own folder is no place for the table: its results would be overwritten
+    before = (runs / "seed0" / "results.json").read_text()
+    assert main(["uci-table", str(runs), "--out", str(runs / "seed0")]) == 2
+    assert f"--out {runs / 'seed0'} holds a `uci` run's results.json" in capsys.readouterr().err
+    assert (runs / "seed0" / "results.json").read_text() == before
 
 
 def test_files_that_cannot_be_merged_are_refused(runs, tmp_path, capsys):
