@@ -66,21 +66,27 @@ class MICEImputer(_IterativeBase):
 
 
 class MissForestImputer(_IterativeBase):
-    """missForest (Stekhoven & Bühlmann 2012): chained equations with random-forest regressors.
+    """missForest as the not-MIWAE paper's table ran it: chained equations (scikit-learn's IterativeImputer)
+    with random-forest regressors.
 
-    ``n_estimators`` defaults to 50 trees (the original uses 100) to keep fits quick.
+    Unlike Stekhoven & Bühlmann's (2012) missForest, by default each split considers every feature
+    (``max_features=1.0``, scikit-learn's default: bagged trees; their sqrt(p) is ``max_features="sqrt"``, which
+    imputed Banknote under the paper's self-masking at RMSE 1.379 against 1.284), and it runs ``max_iter``
+    rounds without their stopping rule. ``n_estimators`` defaults to 50 trees (the original uses 100) to keep
+    fits quick.
     """
 
-    def __init__(self, n_estimators: int = 50, max_iter: int = 5, random_state: int | None = None, n_jobs: int | None = None):
+    def __init__(self, n_estimators: int = 50, max_iter: int = 5, random_state: int | None = None,
+                 n_jobs: int | None = None, max_features: float | str = 1.0):
         self.n_estimators = n_estimators
         self.max_iter = max_iter
         self.random_state = random_state
         self.n_jobs = n_jobs
+        self.max_features = max_features
 
     def _estimator(self):
-        return RandomForestRegressor(
-            n_estimators=self.n_estimators, random_state=self.random_state, n_jobs=self.n_jobs
-        )
+        return RandomForestRegressor(n_estimators=self.n_estimators, random_state=self.random_state,
+                                     n_jobs=self.n_jobs, max_features=self.max_features)
 
 
 DENSE_IMPUTERS = {

@@ -1,11 +1,13 @@
 """MF-IPS (Schnabel et al., ICML 2016): biased MF whose squared loss weighs each observed rating by
 1 / P(O_ui = 1), making the training loss an unbiased estimate of the loss over all cells.
 
-Two named variants:
+Three named variants:
 - ``mf-ips``: Naive-Bayes propensities P(O=1 | Y=r), which need a small MCAR sample. The sample is
   passed explicitly, to the constructor or to ``fit(train, mcar_sample=...)``; split it off the MCAR
   test with ``split_mcar_sample`` and score on the rest only.
 - ``mf-ips-mask``: propensities from a logistic MF of the observation mask alone; needs no MCAR data.
+- ``mf-ips-given``: a users x items matrix of propensities estimated elsewhere, such as those Schnabel et
+  al. ship with Coat (``mnar_recsys.data.coat.load_coat_propensities``), behind their published MSE.
 """
 
 from __future__ import annotations
@@ -40,14 +42,18 @@ class IPSMatrixFactorization(MatrixFactorization):
     """MF trained with inverse-propensity weights (Recommender protocol).
 
     Args:
-        propensity: ``"naive-bayes"`` (name ``mf-ips``) or ``"mask"`` (name ``mf-ips-mask``).
+        propensity: ``"naive-bayes"`` (name ``mf-ips``), ``"mask"`` (name ``mf-ips-mask``) or ``"given"``
+            (name ``mf-ips-given``).
         config: MF hyper-parameters (``MFConfig``; same defaults as plain MF, so the two differ only
             in the weights), or keyword overrides of its fields.
         mcar_sample: MCAR ratings for the Naive-Bayes variant; may instead be given to ``fit``.
         min_relative: propensity clip, see ``baselines.propensities``.
         mask_config: settings of the mask model (``mask`` variant); its seed follows ``config.seed``
             unless given.
+        propensities: P(O_ui = 1) for every cell, users x items, each in (0, 1] (``given`` variant).
     """
+
+    NAMES = {"naive-bayes": "mf-ips", "mask": "mf-ips-mask", "given": "mf-ips-given"}
 
     def __init__(
         self,
@@ -56,19 +62,30 @@ class IPSMatrixFactorization(MatrixFactorization):
         mcar_sample: sp.csr_matrix | None = None,
         min_relative: float = DEFAULT_MIN_RELATIVE,
         mask_config: MaskPropensityConfig | None = None,
+        propensities: np.ndarray | None = None,
         **overrides: object,
     ) -> None:
-        if propensity not in ("naive-bayes", "mask"):
-            raise ValueError(f"propensity must be 'naive-bayes' or 'mask', got {propensity!r}")
-        if propensity == "mask" and mcar_sample is not None:
-            raise ValueError("the 'mask' variant uses no MCAR data; do not pass mcar_sample")
+        if propensity not in self.NAMES:
+            raise ValueError(f"propensity must be one of {', '.join(map(repr, self.NAMES))}, got {propensity!r}")
+        if propensity != "naive-bayes" and mcar_sample is not None:
+            raise ValueError(f"the {propensity!r} variant uses no MCAR data; do not pass mcar_sample")
+        if (propensity == "given") != (propensities is not None):
+            raise ValueError("pass propensities with the 'given' variant, and only with it")
+        if propensities is not None:
+            propensities = np.asarray(propensities, dtype=np.float64)
+            if propensities.ndim != 2:
+                raise ValueError(f"propensities must be a users x items matrix, got shape {propensities.shape}")
+            if not ((propensities > 0) & (propensities <= 1)).all():
+                raise ValueError(f"propensities must lie in (0, 1], got values in [{np.min(propensities)}, "
+                                 f"{np.max(propensities)}]")
         if mask_config is not None and mask_config.min_relative != min_relative:
             raise ValueError(f"min_relative {min_relative} and mask_config.min_relative {mask_config.min_relative} "
                              "differ: the mask model clips by its config's; give one")
         super().__init__(config, **overrides)
         self.propensity = propensity
-        self.name = "mf-ips" if propensity == "naive-bayes" else "mf-ips-mask"
+        self.name = self.NAMES[propensity]
         self.mcar_sample = mcar_sample
+        self.propensities = propensities
         self.min_relative = min_relative
         self.mask_config = mask_config or MaskPropensityConfig(min_relative=min_relative, seed=self.config.seed)
         self.train_propensities: np.ndarray | None = None
@@ -77,6 +94,8 @@ class IPSMatrixFactorization(MatrixFactorization):
         """How the propensities are estimated, for a results record."""
         if self.propensity == "naive-bayes":
             return {"estimator": "naive-bayes", "min_relative": self.min_relative}
+        if self.propensity == "given":
+            return {"estimator": "given", "mean": float(self.propensities.mean())}
         return {"estimator": "mask", **asdict(self.mask_config)}
 
     def fit(self, train: sp.csr_matrix, *, mcar_sample: sp.csr_matrix | None = None,
@@ -92,6 +111,8 @@ class IPSMatrixFactorization(MatrixFactorization):
         train = check_ratings(train)
         if mask_propensities_of_train is not None and self.propensity != "mask":
             raise ValueError("mask_propensities_of_train is for the 'mask' variant")
+        if mcar_sample is not None and self.propensity != "naive-bayes":
+            raise ValueError(f"the {self.propensity!r} variant uses no MCAR data; do not pass mcar_sample")
         if self.propensity == "naive-bayes":
             sample = mcar_sample if mcar_sample is not None else self.mcar_sample
             if sample is None:
@@ -99,9 +120,12 @@ class IPSMatrixFactorization(MatrixFactorization):
             if sample.shape != train.shape:
                 raise ValueError(f"mcar_sample shape {sample.shape} != train shape {train.shape}")
             p = naive_bayes_propensities(train, sample, min_relative=self.min_relative)(train.data)
+        elif self.propensity == "given":
+            if self.propensities.shape != train.shape:
+                raise ValueError(f"propensities shape {self.propensities.shape} != train shape {train.shape}")
+            entries = train.tocoo()
+            p = self.propensities[entries.row, entries.col]  # CSR order, as train.data
         else:
-            if mcar_sample is not None:
-                raise ValueError("the 'mask' variant uses no MCAR data; do not pass mcar_sample")
             p = mask_propensities(train, self.mask_config) if mask_propensities_of_train is None \
                 else np.asarray(mask_propensities_of_train, dtype=np.float64)
             if p.shape != (train.nnz,) or not ((p > 0) & (p <= 1)).all():

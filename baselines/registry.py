@@ -22,6 +22,7 @@ _FACTORIES: dict[str, Callable[..., Recommender]] = {
     "pmf": ProbabilisticMF,
     "mf-ips": lambda **kw: IPSMatrixFactorization("naive-bayes", **kw),
     "mf-ips-mask": lambda **kw: IPSMatrixFactorization("mask", **kw),
+    "mf-ips-given": lambda **kw: IPSMatrixFactorization("given", **kw),
     "constant-2": lambda **kw: ConstantPredictor(2.0, **kw),
     "train-mean": TrainMean,
 }
@@ -33,7 +34,8 @@ def make_baseline(name: str, **kwargs: object) -> Recommender:
     """Instantiate the baseline called ``name`` (one of ``BASELINES``) with keyword hyper-parameters.
 
     Keywords go to the model's constructor: config fields (``n_factors``, ``l2``, ``seed``, ...) for the
-    factorisation models, ``mcar_sample`` for ``mf-ips``, ``rating_scale`` for the constants.
+    factorisation models, ``mcar_sample`` for ``mf-ips``, ``propensities`` for ``mf-ips-given``,
+    ``rating_scale`` for the constants.
     """
     if name not in _FACTORIES:
         raise ValueError(f"unknown baseline {name!r}; choose from {', '.join(BASELINES)}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -15,9 +16,11 @@ from .triples import to_csr
 CARD = "datasets/coat/README.md"
 SHAPE = (290, 300)
 RATING_SCALE = (1, 5)
+PROPENSITIES = "propensities.ascii"
 SHA256 = {
     "train.ascii": "a87bd9e7eaf3b89f976df3f25d4aa5d5d871be8a00b58947df9e6e015559bd37",
     "test.ascii": "de6714ab105a5e0be8166be7fd313901b29f9a09c3bea307901457d1d71847e6",
+    PROPENSITIES: "d1b11b12465dc6e1df35eeed92dfec5e17a997f920d60777cc44571fe9b054e5",
 }
 
 
@@ -48,25 +51,50 @@ def load_coat(data_dir: str | Path) -> RatingsData:
     )
 
 
-def read_dense_ratings(path: Path, shape: tuple[int, int], rating_scale: tuple[int, int]) -> np.ndarray:
-    """Read a whitespace-separated dense rating matrix (one user per line, 0 = not rated) as int64.
+def load_coat_propensities(data_dir: str | Path) -> np.ndarray:
+    """The authors' propensities P(O_ui = 1) for every cell (``propensities.ascii``, 290 x 300), estimated from the
+    user and item covariates, with which Schnabel et al. trained their published MF-IPS (``mf-ips-given``).
 
-    Raises ValueError naming the file and 1-based line for a wrong number of lines or columns, a
-    non-integer entry, or an entry that is neither 0 nor on the rating scale.
+    Warns (``ChecksumWarning``) on a sha256 differing from the published file; raises FileNotFoundError for a
+    missing file and ValueError, naming file, line and column, for a wrong shape or a value outside (0, 1].
     """
+    path = require_file(Path(data_dir) / PROPENSITIES, CARD)
+    check_sha256(path, SHA256[PROPENSITIES], CARD)
+    rows = []
+    for number, fields, values in _dense_lines(path, SHAPE):
+        bad = np.flatnonzero(~((values > 0) & (values <= 1)))  # NaN (not a number) fails too
+        if len(bad):
+            raise ValueError(f"{path}, line {number}, column {bad[0] + 1}: expected a propensity in (0, 1], found "
+                             f"{fields[bad[0]]!r}")
+        rows.append(values)
+    return np.vstack(rows)
+
+
+def _dense_lines(path: Path, shape: tuple[int, int]) -> Iterator[tuple[int, list[str], np.ndarray]]:
+    """(line number, fields, their numeric values, NaN where not a number) of a whitespace-separated dense matrix,
+    one user per line; raises ValueError naming the file and line for a wrong number of lines or columns."""
     with utf8_errors_named(path):
         lines = path.read_text(encoding="utf-8-sig").split("\n")  # universal newlines: CRLF arrives as "\n"
     while lines and not lines[-1].strip():  # blank lines at the end are no users
         lines.pop()
     if len(lines) != shape[0]:
         raise ValueError(f"{path}: expected {shape[0]} lines (users), found {len(lines)}")
-    lo, hi = rating_scale
-    rows = []
     for number, line in enumerate(lines, start=1):
         fields = line.split()
         if len(fields) != shape[1]:
             raise ValueError(f"{path}, line {number}: expected {shape[1]} columns (items), found {len(fields)}")
-        values = pd.to_numeric(pd.Series(fields), errors="coerce").to_numpy(dtype=np.float64)
+        yield number, fields, pd.to_numeric(pd.Series(fields), errors="coerce").to_numpy(dtype=np.float64)
+
+
+def read_dense_ratings(path: Path, shape: tuple[int, int], rating_scale: tuple[int, int]) -> np.ndarray:
+    """Read a whitespace-separated dense rating matrix (one user per line, 0 = not rated) as int64.
+
+    Raises ValueError naming the file and 1-based line for a wrong number of lines or columns, a
+    non-integer entry, or an entry that is neither 0 nor on the rating scale.
+    """
+    lo, hi = rating_scale
+    rows = []
+    for number, fields, values in _dense_lines(path, shape):
         on_scale = (values == 0) | ((values >= lo) & (values <= hi))
         bad = np.flatnonzero(~on_scale | (values != np.round(values)))  # NaN (not a number) fails on_scale
         if len(bad):

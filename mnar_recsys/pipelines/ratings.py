@@ -25,7 +25,8 @@ from baselines.base import Recommender
 from baselines.constant import ConstantPredictor
 from baselines.ips import IPSMatrixFactorization
 from baselines.registry import BASELINES, GRIDS, make_baseline, tune_baseline
-from mnar_recsys.data import RatingsData, SimulatorConfig, load_coat, load_yahoo_r3, simulate_ratings
+from mnar_recsys.data import (RatingsData, SimulatorConfig, load_coat, load_coat_propensities, load_yahoo_r3,
+                              simulate_ratings)
 from mnar_recsys.data.simulator import SELECTIONS
 from mnar_recsys.devices import resolve_device
 from mnar_recsys.estimators.recommender import VARIANTS, NotMIWAERecommender, OracleRecommender, make_recommender
@@ -93,6 +94,8 @@ class RatingsRun:
             raise ValueError(f"unknown models {unknown}; choose from {', '.join(sorted(known))}")
         if "oracle" in self.models and self.data != "synthetic":
             raise ValueError("the oracle is only known on --data synthetic")
+        if "mf-ips-given" in self.models and self.data != "coat":
+            raise ValueError("mf-ips-given takes the propensities Coat ships with: use it with --data coat")
         if self.data == "synthetic" and self.data_dir:
             raise ValueError("--data synthetic reads no files: leave out --data-dir, or choose --data coat or yahoo")
         if not self.seeds:
@@ -177,7 +180,8 @@ def build(name: str, run: RatingsRun, data: RatingsData, seed: int, progress: bo
                                 unobserved_samples=run.unobserved_samples)
     if name in UNSEEDED:
         return make_baseline(name, rating_scale=data.rating_scale)
-    return make_baseline(name, seed=seed, rating_scale=data.rating_scale, **(tuned or {}))
+    given = {"propensities": load_coat_propensities(run.data_dir)} if name == "mf-ips-given" else {}
+    return make_baseline(name, seed=seed, rating_scale=data.rating_scale, **given, **(tuned or {}))
 
 
 def tune(name: str, split: MCARSplit, rating_scale: tuple[float, float]) -> dict[str, Any]:
@@ -352,7 +356,7 @@ def report(data: RatingsData, run: RatingsRun, table: str, estimator: list[dict[
               f"{data.test.nnz} MCAR test ratings (5% per seed held out for MF-IPS and not scored). "
               f"Seeds {', '.join(map(str, run.seeds))}; not-MIWAE iterations {run.iterations}, lr {run.lr}, "
               f"importance samples {run.importance_samples}{_subsampling_note(run)}.{_tuning_note(run)} "
-              "Mean ± sd over seeds.", "", table]
+              "Mean ± sd over seeds; NDCG@5 with gain 2^r - 1.", "", table]
     if estimator:
         lines += ["", f"## {ESTIMATOR_MODEL}: importance samples K and the x_m factor at prediction", "",
                   estimator_table(estimator)]

@@ -37,6 +37,23 @@ def test_mf_ips_mask_runs_without_mcar_data(mnar_data):
     assert mse(y, model.predict(u, i)) < 0.8 * mse(y, MatrixFactorization().fit(mnar_data.train).predict(u, i))
 
 
+def test_mf_ips_given_trains_with_the_given_matrix(mnar_data):
+    """The true propensities given as a matrix weigh each rating as they do given per rating, and undo the bias."""
+    u, i, y = mnar_data.all_cells()
+    given = IPSMatrixFactorization("given", propensities=mnar_data.propensity).fit(mnar_data.train)
+    assert given.name == "mf-ips-given"
+    np.testing.assert_array_equal(given.train_propensities, mnar_data.true_propensities_of_train())
+    per_rating = MatrixFactorization().fit(mnar_data.train, sample_weight=1 / mnar_data.true_propensities_of_train())
+    np.testing.assert_allclose(given.predict(u, i), per_rating.predict(u, i))
+    assert mse(y, given.predict(u, i)) < 0.75 * mse(y, MatrixFactorization().fit(mnar_data.train).predict(u, i))
+    with pytest.raises(ValueError, match=r"propensities shape \(2, 2\) != train shape"):
+        IPSMatrixFactorization("given", propensities=np.full((2, 2), 0.5)).fit(mnar_data.train)
+    with pytest.raises(ValueError, match=r"propensities must lie in \(0, 1\], got values in \[0.0, 0.5\]"):
+        IPSMatrixFactorization("given", propensities=np.array([[0.0, 0.5]]))
+    with pytest.raises(ValueError, match="pass propensities with the 'given' variant, and only with it"):
+        IPSMatrixFactorization("given")
+
+
 def test_ips_argument_errors(mnar_data):
     with pytest.raises(ValueError, match="needs an MCAR sample"):
         IPSMatrixFactorization("naive-bayes").fit(mnar_data.train)

@@ -139,3 +139,21 @@ def test_users_and_items_rated_in_test_but_not_in_train(tmp_path):
     test[:, 41] = 0  # unrated in both: a column like any other
     write_coat(tmp_path, train, test)
     assert load_quietly(tmp_path).train.shape == coat.SHAPE
+
+
+def test_the_authors_propensities_load_and_a_bad_one_is_named(tmp_path):
+    """The real file's (when present): every cell, mean the train density 0.080; a copy with a value outside
+    (0, 1] is refused naming its line and column."""
+    if (COAT_DIR / coat.PROPENSITIES).is_file():
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ChecksumWarning)
+            real = coat.load_coat_propensities(COAT_DIR)
+        assert real.shape == (290, 300) and real.mean() == pytest.approx(6_960 / 87_000, abs=1e-4)
+    values = np.full(coat.SHAPE, 0.08).astype(object)
+    values[3, 7] = "1.5"
+    (tmp_path / coat.PROPENSITIES).write_text("\n".join(" ".join(map(str, row)) for row in values) + "\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ChecksumWarning)
+        with pytest.raises(ValueError, match=r"propensities\.ascii, line 4, column 8: expected a propensity in "
+                                             r"\(0, 1\], found '1\.5'"):
+            coat.load_coat_propensities(tmp_path)

@@ -81,6 +81,7 @@ def test_cli_refuses_bad_requests(tmp_path, capsys):
     (["--seeds", "0,,1"], "expected comma-separated integers, got '0,,1'"),
     (["--data-seed", "-2"], "--data-seed must lie in 0..4294967295, got -2"),
     (["--data-dir", "/nonexistent"], "--data synthetic reads no files"),
+    (["--models", "mf-ips-given"], "mf-ips-given takes the propensities Coat ships with: use it with --data coat"),
     (["--items", "20"], "--users 2000 --items 20: the simulator refuses them (n_items (20) must exceed"),
     (["--models", ","], "expected comma-separated model names, got ','"),
     (["--models", "mf", "--estimator-k", "10"], "--estimator-k re-imputes notmiwae-gaussian: add it to --models"),
