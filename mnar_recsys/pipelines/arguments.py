@@ -48,6 +48,7 @@ def check_seeds(label: str, seeds: tuple[int, ...] | list[int], most: int = MAX_
 
 
 def check_positive_finite(label: str, value: float) -> None:
+    """Refuse a value (a step size) that is not a positive finite number, naming its option."""
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{label} must be positive and finite, got {value}")
 
