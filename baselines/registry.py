@@ -44,7 +44,7 @@ def make_baseline(name: str, **kwargs: object) -> Recommender:
 
 # the grid each tunable baseline's hyper-parameters are chosen from; the MF-IPS models share MF's
 GRIDS: dict[str, tuple[dict[str, float], ...]] = {"mf": MF_GRID, "pmf": PMF_GRID, "mf-ips": MF_GRID,
-                                                  "mf-ips-mask": MF_GRID}
+                                                  "mf-ips-mask": MF_GRID, "mf-ips-given": MF_GRID}
 
 
 def tune_baseline(name: str, train: sp.csr_matrix, *, seed: int = 0, mcar_sample: sp.csr_matrix | None = None,
@@ -57,8 +57,8 @@ def tune_baseline(name: str, train: sp.csr_matrix, *, seed: int = 0, mcar_sample
     MF and PMF are scored by their held-out MSE, as their defaults were chosen. The held-out ratings are
     MNAR like the rest, so the MF-IPS models are scored by its IPS estimate, each held-out squared error
     weighted by 1 / the propensity the model trains with (Naive-Bayes from the train ratings and the MCAR
-    sample; the mask model's, fitted to the whole train mask, for mf-ips-mask), as Schnabel et al. (2016)
-    select them.
+    sample; the mask model's, fitted to the whole train mask, for mf-ips-mask; the given matrix's, passed as
+    ``propensities``, for mf-ips-given), as Schnabel et al. (2016) select them.
     """
     if name not in _FACTORIES:
         raise ValueError(f"unknown baseline {name!r}; choose from {', '.join(BASELINES)}")
@@ -87,5 +87,10 @@ def tune_baseline(name: str, train: sp.csr_matrix, *, seed: int = 0, mcar_sample
             entries = held.tocoo()
             return 1.0 / np.asarray(propensities[entries.row, entries.col]).ravel()
         weigh = weigh_by_cell
+    elif name == "mf-ips-given":
+        def weigh_by_given(held: sp.csr_matrix) -> np.ndarray:
+            entries = held.tocoo()
+            return 1.0 / model.propensities[entries.row, entries.col]
+        weigh = weigh_by_given
     return select_config(lambda **grid: make_baseline(name, seed=seed, **kwargs, **grid), train, GRIDS[name],
                          fraction, seed, fit_kwargs=fit_kwargs, weigh=weigh)

@@ -180,16 +180,21 @@ def build(name: str, run: RatingsRun, data: RatingsData, seed: int, progress: bo
                                 unobserved_samples=run.unobserved_samples)
     if name in UNSEEDED:
         return make_baseline(name, rating_scale=data.rating_scale)
-    given = {"propensities": load_coat_propensities(run.data_dir)} if name == "mf-ips-given" else {}
-    return make_baseline(name, seed=seed, rating_scale=data.rating_scale, **given, **(tuned or {}))
+    return make_baseline(name, seed=seed, rating_scale=data.rating_scale, **given_propensities(name, run),
+                         **(tuned or {}))
 
 
-def tune(name: str, split: MCARSplit, rating_scale: tuple[float, float]) -> dict[str, Any]:
+def given_propensities(name: str, run: RatingsRun) -> dict[str, Any]:
+    """The keywords that hand mf-ips-given Coat's own propensities; none for other models."""
+    return {"propensities": load_coat_propensities(run.data_dir)} if name == "mf-ips-given" else {}
+
+
+def tune(name: str, split: MCARSplit, run: RatingsRun, rating_scale: tuple[float, float]) -> dict[str, Any]:
     """Baseline `name`'s hyper-parameters chosen on 10% of the seed's train ratings held out
     (`baselines.registry.tune_baseline`): the choice, every grid point's validation score and the seconds."""
     start = time.perf_counter()
     chosen, scores = tune_baseline(name, split.train, seed=split.seed, mcar_sample=split.mcar_sample,
-                                   rating_scale=rating_scale)
+                                   rating_scale=rating_scale, **given_propensities(name, run))
     return {"chosen": chosen, "validation": [{**grid, "score": score} for grid, score in scores],
             "seconds": time.perf_counter() - start}
 
@@ -253,7 +258,7 @@ def fit_one(run: RatingsRun, seed: int, name: str, progress: bool) -> tuple[dict
     split's scored ratings) and, for the estimator study's model, the study's records."""
     data = load_data(run)
     split = mcar_split(data, seed)
-    tuning = tune(name, split, data.rating_scale) if run.tune_baselines and name in GRIDS else None
+    tuning = tune(name, split, run, data.rating_scale) if run.tune_baselines and name in GRIDS else None
     model = build(name, run, data, seed, progress, tuned=None if tuning is None else tuning["chosen"])
     record, predicted = fit_and_score(model, split)
     if tuning is not None:
@@ -370,7 +375,7 @@ def _tuning_note(run: RatingsRun) -> str:
     tuned = [name for name in run.models if name in GRIDS]
     if not (run.tune_baselines and tuned):
         return ""
-    weighted = " (IPS-weighted for MF-IPS)" if {"mf-ips", "mf-ips-mask"} & set(tuned) else ""
+    weighted = " (IPS-weighted for MF-IPS)" if {"mf-ips", "mf-ips-mask", "mf-ips-given"} & set(tuned) else ""
     return f" Hyper-parameters of {', '.join(tuned)} chosen for each seed on 10% of its train ratings held out{weighted}."
 
 
@@ -442,7 +447,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default: torch's choice; 1 is fastest on a busy machine)")
     parser.add_argument("--tune-baselines", action="store_true",
-                        help="choose the hyper-parameters of mf, pmf, mf-ips and mf-ips-mask for each seed on 10%% "
+                        help=f"choose the hyper-parameters of {', '.join(GRIDS)} for each seed on 10%% "
                              "of its train ratings held out (IPS-weighted for the MF-IPS models), never on the "
                              "scored MCAR ratings (default: keep those chosen on Coat's train ratings)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars or per-model lines")

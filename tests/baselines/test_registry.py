@@ -83,6 +83,18 @@ def test_tuning_mf_ips_mask_weighs_by_the_mask_models_propensities_of_the_held_o
     assert score == pytest.approx(np.average((predicted - held.data) ** 2, weights=weights), rel=1e-12)
 
 
+def test_tuning_mf_ips_given_weighs_by_the_given_propensities_of_the_held_out_cells(mnar_data):
+    from baselines.registry import tune_baseline
+
+    _, scores = tune_baseline("mf-ips-given", mnar_data.train, seed=2, propensities=mnar_data.propensity)
+    fit, held = _held_out(mnar_data.train, seed=2)
+    weights = 1 / mnar_data.propensity[held.row, held.col]
+    for grid, score in scores[::7]:
+        predicted = make_baseline("mf-ips-given", seed=2, propensities=mnar_data.propensity, **grid).fit(fit) \
+            .predict(held.row, held.col)
+        assert score == pytest.approx(np.average((predicted - held.data) ** 2, weights=weights), rel=1e-12)
+
+
 def test_tuning_pmf_searches_its_own_grid_by_held_out_mse(mnar_data):
     from baselines.registry import GRIDS, tune_baseline
 
