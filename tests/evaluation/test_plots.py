@@ -45,3 +45,20 @@ def test_figures_refuse_empty_input(tmp_path):
     with pytest.raises(ValueError, match="no records"):
         plots.rmse_by_dataset([], {}, tmp_path / "rmse.png")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """The figures the plots would save, kept instead of written."""
+    figures = []
+    monkeypatch.setattr(plots, "save_figure", lambda figure, path: figures.append(figure) or path)
+    return figures
+
+
+def test_the_bars_are_the_means_over_runs_and_seeds(drawn):
+    plots.rmse_by_dataset([{"dataset": "yeast", "model": "mean", "rmse": value} for value in (0.5, 0.7, 0.9)], {},
+                          "rmse.png")
+    assert [bar.get_width() for bar in drawn[0].axes[0].patches] == [pytest.approx(0.7)]
+    plots.per_rating_mse([{"model": "mf", "per_rating": {1: {"mse": 1.0}, 5: {"mse": 3.0}}},
+                          {"model": "mf", "per_rating": {1: {"mse": 2.0}, 5: {"mse": 5.0}}}], "mse.png")
+    assert [bar.get_height() for bar in drawn[1].axes[0].patches] == [pytest.approx(1.5), pytest.approx(4.0)]

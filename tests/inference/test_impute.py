@@ -250,6 +250,43 @@ def test_a_logit_that_is_not_affine_still_follows_a_posterior_pushed_far_out():
     assert abs(median.item() - exact_median) < 0.005
 
 
+@pytest.mark.parametrize("slope, threshold", [(20.0, 2.5), (20.0, 1.5), (5.0, 2.0)])
+def test_a_steep_logit_that_is_not_affine_splits_its_panels_at_the_step(slope, threshold):
+    """A posterior pushed 2 to 3 sd out, where the scale stays at the decoder's mean: the panels are graded
+    towards where the logit crosses 0 and the median's bracket reaches past the step (measured at (20, 2.5):
+    CDF 0.5000 at the exact median 2.7265, and 0.1055 / median 3.11 with the split left at the scale's middle;
+    median 2.00 with a bracket of 2 sd)."""
+    model = build_model(ModelConfig(n_features=1, latent_dim=1, decoder="gaussian", missing="self-masking",
+                                    squash=None)).eval()
+    model.missing_model = FixedFunction(lambda x: -slope * (x - threshold))
+    grid = np.linspace(-8, 12, 200_001)
+    density = np.exp(-grid ** 2 / 2 - np.logaddexp(0, -slope * (grid - threshold)))
+    exact_median = grid[np.searchsorted(np.cumsum(density) / density.sum(), 0.5)]
+    exact_mean = (grid * density).sum() / density.sum()
+    params, cols, missing = (torch.zeros(1, 1, 1), torch.ones(1, 1, 1)), torch.zeros(1, 1, dtype=torch.long), \
+        torch.zeros(1, 1)
+    median = mixture_median(model, torch.ones(1, 1), params, cols, missing, None)
+    posterior = Posterior(model, params, cols, missing, None)
+    assert abs(median.item() - exact_median) < 0.005
+    assert abs(posterior.cdf(torch.full((1, 1, 1), exact_median)).item() - 0.5) < 0.005
+    torch.manual_seed(0)
+    many = (torch.zeros(1, 20_000, 1), torch.ones(1, 20_000, 1))  # one entry's posterior, 20,000 times over
+    draws = Posterior(model, many, cols, missing, None).sample()
+    assert abs(draws.mean().item() - exact_mean) < 0.02
+
+
+def test_the_affine_modes_bracket_scales_with_the_decoders_variance():
+    """N(0, 2^2) tilted by σ(1.5 (x - 14)): the mode solves x / 4 = 1.5 σ(-1.5 (x - 14)), at 6.0, within
+    loc + slope scale^2 = 6 (measured 6.000; a bracket of slope x scale, 3, put it at 3.0 and the mass over 1)."""
+    model, *_ = _z_free_self_masking(1.5, 14.0)
+    params = (torch.zeros(1, 1, 1), torch.full((1, 1, 1), 2.0))
+    posterior = Posterior(model, params, torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1), None)
+    grid = np.linspace(-10, 20, 300_001)
+    log_density = -grid ** 2 / 8 - np.logaddexp(0, -1.5 * (grid - 14.0))
+    assert abs(posterior.centres().item() - grid[np.argmax(log_density)]) < 0.01
+    assert posterior.total.item() <= 1.0 + 1e-6
+
+
 def test_median_and_draws_of_a_two_mode_level_wise_posterior():
     """A level-wise logit high at both end levels tilts N(3, 1) towards both: a scale centred at one mode
     resolves the other badly (a draft centred every entry's scale at its mode: median 2.63, exact 3.09), so

@@ -11,7 +11,8 @@ from mnar_recsys.cli import main
 from mnar_recsys.data.uci import UCI_DATASETS, expected_file, load_uci
 from mnar_recsys.evaluation.metrics import imputation_rmse
 from mnar_recsys.pipelines import uci as uci_pipeline
-from mnar_recsys.pipelines.uci import UCIConfig, make_imputer, masked_dataset, paper_rmse, results_markdown
+from mnar_recsys.pipelines.uci import (NEURAL_MODELS, UCIConfig, make_imputer, masked_dataset, paper_rmse,
+                                       results_markdown)
 
 # the shared data folder beside the project root; $MNAR_RECSYS_UCI_DIR overrides (e.g. from a worktree)
 UCI_DIR = Path(
@@ -160,6 +161,15 @@ def test_an_out_that_is_a_file_is_refused_and_an_earlier_run_is_kept_until_a_rec
     monkeypatch.setattr(uci_pipeline, "run_one", fail)
     assert main(["uci", "--dataset", "breast", "--models", "mean", "--runs", "1", "--out", str(out)]) == 2
     assert (out / "results.json").read_text() == earlier and (out / "rmse.png").exists()
+
+
+@pytest.mark.parametrize("name", NEURAL_MODELS)
+def test_each_neural_row_is_the_model_its_name_says(name):
+    """'ppca' names the linear decoder, 'miwae' the MCAR model, the rest the missing model; large values go missing."""
+    imputer = make_imputer(name, UCIConfig(), seed=0)
+    decoder = "linear" if "ppca" in name else "gaussian"
+    missing = "mcar" if name.startswith("miwae") else name.removeprefix("notmiwae-").removeprefix("ppca-")
+    assert (imputer.decoder, imputer.missing, imputer.missing_sign) == (decoder, missing, -1)
 
 
 def test_unknown_dataset_files_are_an_error(tmp_path, capsys):
