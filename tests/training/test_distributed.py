@@ -81,7 +81,9 @@ def test_a_truncated_on_disk_matrix_stops_every_rank(tmp_path):
 def test_an_unavailable_backend_stops_every_rank_before_joining():
     launched = torchrun("--backend", "nccl")  # the worker trains on the CPU
     assert launched.returncode != 0
-    assert launched.stderr.count("the nccl backend") >= 2  # each rank says why
+    # each rank refuses on its own, with no exchange to wait for, so torchrun may stop one rank before it has
+    # printed (seen once in a fresh-clone CI run, at 75385ba): at least one says why
+    assert launched.stderr.count("the nccl backend") >= 1
 
 
 def test_unavailable_backends_are_refused():
