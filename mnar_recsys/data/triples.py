@@ -259,12 +259,15 @@ def _written_plainly(values: np.ndarray) -> np.ndarray:
     """Whether each value is a number, or text that writes an integer plainly (digits, an optional minus, no
     leading zero, no exponent; a '.0' is allowed): '0042' and '42', or '1e3' and '1000', are two ids, as codes
     such as ISBNs are."""
-    values = np.asarray(values, dtype=object)
-    strings = np.fromiter((isinstance(v, str) for v in values), dtype=bool, count=len(values))
-    plain = np.ones(len(values), dtype=bool)
+    # each distinct token is checked once: ids repeat, and a regular expression per rating is half a load's time
+    codes, tokens = pd.factorize(np.asarray(values, dtype=object))
+    strings = np.fromiter((isinstance(v, str) for v in tokens), dtype=bool, count=len(tokens))
+    plain_tokens = np.ones(len(tokens), dtype=bool)
     if strings.any():
-        text = pd.Series(values[strings], dtype=object).str.strip()
-        plain[strings] = text.str.fullmatch(_PLAIN_INTEGER).to_numpy(dtype=bool)
+        text = pd.Series(tokens[strings], dtype=object).str.strip()
+        plain_tokens[strings] = text.str.fullmatch(_PLAIN_INTEGER).to_numpy(dtype=bool)
+    plain = np.ones(len(codes), dtype=bool)  # a missing value (code -1) is left to the id checks after this
+    plain[codes >= 0] = plain_tokens[codes[codes >= 0]]
     return plain
 
 
