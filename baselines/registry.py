@@ -76,21 +76,19 @@ def tune_baseline(name: str, train: sp.csr_matrix, *, seed: int = 0, mcar_sample
         def weigh_by_rating(held: sp.csr_matrix) -> np.ndarray:
             return 1.0 / propensity(held.data)
         weigh = weigh_by_rating
-    elif name == "mf-ips-mask":
-        propensities = train.copy()
-        propensities.data = mask_propensities(train, model.mask_config)
-        # every grid point fits the same ratings: their mask model is fitted once, not at every point
-        fit_part, _ = validation_split(train, fraction, seed)
-        fit_kwargs = {"mask_propensities_of_train": mask_propensities(fit_part, model.mask_config)}
+    elif name in ("mf-ips-mask", "mf-ips-given"):
+        if name == "mf-ips-mask":
+            propensities = train.copy()
+            propensities.data = mask_propensities(train, model.mask_config)
+            # every grid point fits the same ratings: their mask model is fitted once, not at every point
+            fit_part, _ = validation_split(train, fraction, seed)
+            fit_kwargs = {"mask_propensities_of_train": mask_propensities(fit_part, model.mask_config)}
+        else:
+            propensities = model.propensities
 
         def weigh_by_cell(held: sp.csr_matrix) -> np.ndarray:
             entries = held.tocoo()
             return 1.0 / np.asarray(propensities[entries.row, entries.col]).ravel()
         weigh = weigh_by_cell
-    elif name == "mf-ips-given":
-        def weigh_by_given(held: sp.csr_matrix) -> np.ndarray:
-            entries = held.tocoo()
-            return 1.0 / model.propensities[entries.row, entries.col]
-        weigh = weigh_by_given
     return select_config(lambda **grid: make_baseline(name, seed=seed, **kwargs, **grid), train, GRIDS[name],
                          fraction, seed, fit_kwargs=fit_kwargs, weigh=weigh)
