@@ -45,6 +45,21 @@ def check_ratings(train: sp.spmatrix, what: str = "train", keep_order: bool = Fa
     return csr
 
 
+def check_on_scale(ratings: sp.csr_matrix, rating_scale: tuple[float, float] | None, what: str = "train") -> None:
+    """Refuse stored ratings outside ``rating_scale``, which predictions are clipped to: on another scale
+    (1..10, say) clipping at the default 5 would cap every prediction silently. None allows any value."""
+    if rating_scale is None:
+        return
+    low, high = rating_scale
+    outside = np.flatnonzero((ratings.data < low) | (ratings.data > high))
+    if outside.size:
+        first = outside[0]
+        user = int(np.searchsorted(ratings.indptr, first, side="right") - 1)
+        raise ValueError(f"{what} holds {outside.size} ratings outside rating_scale {rating_scale}, the first "
+                         f"{ratings.data[first]:g} at (user {user}, item {ratings.indices[first]}): pass the data's "
+                         "rating_scale (None for no clipping)")
+
+
 def check_pairs(users: np.ndarray, items: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
     """Validate (user, item) index arrays against a fitted ``shape``; return them as int64."""
     users = np.asarray(users)

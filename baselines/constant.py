@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from baselines._checks import check_fitted, check_pairs, check_ratings
+from baselines._checks import check_fitted, check_on_scale, check_pairs, check_ratings
 
 
 class ConstantPredictor:
@@ -22,7 +22,9 @@ class ConstantPredictor:
 
     def fit(self, train: sp.csr_matrix) -> "ConstantPredictor":
         """Record the shape of ``train`` (the ratings themselves are not used)."""
-        self.shape = check_ratings(train).shape
+        train = check_ratings(train)
+        check_on_scale(train, self.rating_scale)
+        self.shape = train.shape
         return self
 
     def predict(self, users: np.ndarray, items: np.ndarray) -> np.ndarray:
@@ -44,5 +46,6 @@ class TrainMean(ConstantPredictor):
     def fit(self, train: sp.csr_matrix) -> "TrainMean":
         """Record the shape and the mean stored rating of ``train``."""
         train = check_ratings(train)
+        check_on_scale(train, self.rating_scale)
         self.shape, self.value = train.shape, float(train.data.mean())
         return self

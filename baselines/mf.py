@@ -19,7 +19,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from baselines._als import ridge_rows
-from baselines._checks import check_fitted, check_pairs, check_ratings, check_sample_weight
+from baselines._checks import check_fitted, check_on_scale, check_pairs, check_ratings, check_sample_weight
 
 
 # the grid MFConfig's defaults were chosen on, and which `baselines.registry.tune_baseline` searches
@@ -82,6 +82,7 @@ class MatrixFactorization:
         if cfg.n_factors < 1 or cfg.n_iters < 1 or cfg.l2 <= 0:
             raise ValueError(f"invalid MFConfig: {cfg}")
         train = check_ratings(train, keep_order=sample_weight is not None)
+        check_on_scale(train, cfg.rating_scale)
         n_users, n_items = train.shape
         weights = train.copy()
         weights.data = check_sample_weight(sample_weight, train.nnz)

@@ -16,7 +16,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from baselines._als import ridge_rows
-from baselines._checks import check_fitted, check_pairs, check_ratings
+from baselines._checks import check_fitted, check_on_scale, check_pairs, check_ratings
 
 
 # the grid PMFConfig's defaults were chosen on, and which `baselines.registry.tune_baseline` searches
@@ -71,6 +71,7 @@ class ProbabilisticMF:
         if cfg.n_factors < 1 or cfg.n_iters < 1 or cfg.lambda_u <= 0 or cfg.lambda_v <= 0:
             raise ValueError(f"invalid PMFConfig: {cfg}")
         train = check_ratings(train)
+        check_on_scale(train, cfg.rating_scale)
         mu = float(train.data.mean())
         resid = train.copy()
         resid.data -= mu

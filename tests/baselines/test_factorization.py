@@ -119,3 +119,15 @@ def test_pmf_is_the_map_estimate_with_each_sides_own_prior():
                               - np.einsum("kf,kf->k", U[rows], V[cols]), (rows, cols)), shape=ratings.shape)
     np.testing.assert_allclose(residual @ V, 2.0 * U, atol=1e-8)
     np.testing.assert_allclose(residual.T @ U, 8.0 * V, atol=1e-8)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_ratings_off_the_clipping_scale_are_refused(model):
+    """Predictions are clipped to rating_scale: fitted to 1..10 ratings under the default 1..5, every prediction
+    would have been capped at 5 without a word."""
+    train = sp.csr_matrix(np.array([[1.0, 0.0, 7.0], [0.0, 10.0, 2.0]]))
+    with pytest.raises(ValueError, match=r"2 ratings outside rating_scale \(1\.0, 5\.0\), the first 7 at \(user 0, "
+                                         r"item 2\)"):
+        model().fit(train)
+    predicted = model(n_factors=2, rating_scale=(1.0, 10.0)).fit(train).predict(np.array([1]), np.array([1]))
+    assert predicted[0] > 5
