@@ -111,6 +111,8 @@ class SimulatorConfig:
             shares = np.asarray(getattr(self, name))
             if np.any(shares <= 0) or abs(shares.sum() - 1) > 0.01:
                 raise ValueError(f"{name} must be positive and sum to 1 (up to rounding), got {getattr(self, name)}")
+        if not self.min_ratings_per_user >= 0:
+            raise ValueError(f"min_ratings_per_user must be >= 0, got {self.min_ratings_per_user}")
         if not self.min_ratings_per_user < self.median_ratings_per_user < self.mean_ratings_per_user:
             raise ValueError("need min_ratings_per_user < median_ratings_per_user < mean_ratings_per_user, got "
                              f"{self.min_ratings_per_user}, {self.median_ratings_per_user}, "
@@ -264,6 +266,10 @@ def _select(
         codes = block.astype(np.intp) + (n_levels + 1) * np.arange(block.shape[0])[:, None]  # (row, rating) bins
         weights = np.broadcast_to(popularity, block.shape).ravel()
         mass[rows] = np.bincount(codes.ravel(), weights, (n_levels + 1) * block.shape[0]).reshape(-1, n_levels + 1)[:, 1:]
+    absent = np.flatnonzero(mass.sum(axis=0) == 0) + 1
+    if absent.size:  # no propensity can select a level that no cell holds
+        raise ValueError(f"no simulated cell has rating {', '.join(map(str, absent))}: {truth.shape[0]} x "
+                         f"{truth.shape[1]} cells are too few for the rating shares; simulate more users or items")
     target, best_error, best = train_shares, np.inf, None
     for _ in range(1 + _REALISED_ROUNDS):
         propensity = _approximate_propensity(mass, n_rated, target)
@@ -330,8 +336,9 @@ def _race_winners(
     mask = np.empty(race.shape, dtype=bool)
     for rows in _row_blocks(race.shape[0]):
         keys = race[rows] / (by_rating[truth[rows]] * item_weight)
-        cut = np.sort(keys, axis=1)[np.arange(keys.shape[0]), n_rated[rows] - 1]
-        mask[rows] = keys <= cut[:, None]
+        counts = n_rated[rows]
+        cut = np.sort(keys, axis=1)[np.arange(keys.shape[0]), np.maximum(counts - 1, 0)]
+        mask[rows] = (keys <= cut[:, None]) & (counts > 0)[:, None]  # index -1 would take the largest key
     return mask
 
 

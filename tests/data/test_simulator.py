@@ -90,6 +90,27 @@ def test_small_config_keeps_guarantees():
     assert np.unique(data.test.indices).size > 350 and np.bincount(data.test.indices).max() < 30
 
 
+def test_a_user_drawn_to_rate_nothing_rates_nothing():
+    """With min_ratings_per_user 0 some users draw 0 ratings; the race's cut-off at index n - 1 had then taken the
+    largest key, and each of them had rated every item."""
+    config = SimulatorConfig(n_users=200, n_items=50, n_test_users=20, min_ratings_per_user=0,
+                             median_ratings_per_user=1.0, mean_ratings_per_user=2.0, seed=0)
+    data = simulate_ratings(config)
+    drawn = data.meta["params"]["ratings_per_user"]
+    assert (drawn == 0).sum() > 10
+    np.testing.assert_array_equal(np.diff(data.train.indptr), drawn)
+    with pytest.raises(ValueError, match="min_ratings_per_user must be >= 0, got -1"):
+        SimulatorConfig(min_ratings_per_user=-1)
+
+
+def test_too_few_cells_for_every_rating_level_is_named():
+    """One user x 30 items often holds no 5: no propensity can select it (a TypeError before)."""
+    config = SimulatorConfig(n_users=1, n_items=30, n_test_users=1, test_items_per_user=3,
+                             min_ratings_per_user=2, median_ratings_per_user=3.0, mean_ratings_per_user=4.0, seed=0)
+    with pytest.raises(ValueError, match="no simulated cell has rating 5: 1 x 30 cells are too few"):
+        simulate_ratings(config)
+
+
 def test_independent_selection_is_the_stated_logistic_model():
     """Each cell is rated with Pr = sigmoid(intercept + log popularity_i + log propensity_r), solved so that
     the train shares are Yahoo's and the expected number of ratings is that of the race's budgets."""
