@@ -103,6 +103,17 @@ def _platt(scores: np.ndarray, labels: np.ndarray) -> Callable[[np.ndarray], np.
     return lambda s: lr.predict_proba(((s - loc) / scale)[:, None])[:, 1]
 
 
+def _pair_scores(user_factors: np.ndarray, item_factors: np.ndarray, users: np.ndarray, items: np.ndarray,
+                 block: int = 65_536) -> np.ndarray:
+    """user_factors[users[k]] · item_factors[items[k]] for every k, a block of pairs at a time: gathering all
+    2,000,000 calibration cells' factors at once took two 490 MB copies at the Yahoo! R3 size."""
+    scores = np.empty(len(users))
+    for start in range(0, len(users), block):
+        stop = start + block
+        scores[start:stop] = np.einsum("kf,kf->k", user_factors[users[start:stop]], item_factors[items[start:stop]])
+    return scores
+
+
 def mask_propensities(train: sp.csr_matrix, config: MaskPropensityConfig | None = None) -> np.ndarray:
     """P(O_ui = 1) for each stored entry of ``train`` (aligned with ``train.data``), from the mask alone.
 
@@ -120,6 +131,9 @@ def mask_propensities(train: sp.csr_matrix, config: MaskPropensityConfig | None 
 
     cfg = config or MaskPropensityConfig()
     train = check_ratings(train)
+    if train.nnz == train.shape[0] * train.shape[1]:
+        raise ValueError("every cell of train is observed: the mask model has no unobserved cell to contrast them "
+                         "with (with no selection, MF is the model to use)")
     mask = train.copy()
     mask.data[:] = 1.0
     lmf = LogisticMatrixFactorization(
@@ -140,8 +154,8 @@ def mask_propensities(train: sp.csr_matrix, config: MaskPropensityConfig | None 
     cells = rng.choice(n_cells, size=min(n_cells, cfg.calibration_cells), replace=False)
     cu, ci = np.divmod(cells, n_items)
     labels = np.asarray(mask[cu, ci]).ravel()
-    calibrate = _platt(np.einsum("kf,kf->k", uf[cu], itf[ci]), labels)
+    calibrate = _platt(_pair_scores(uf, itf, cu, ci), labels)
 
     coo = train.tocoo()
-    p = calibrate(np.einsum("kf,kf->k", uf[coo.row], itf[coo.col]))
+    p = calibrate(_pair_scores(uf, itf, coo.row, coo.col))
     return _clip(p, train.nnz / n_cells, cfg.min_relative)

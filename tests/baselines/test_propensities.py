@@ -42,3 +42,11 @@ def test_mask_propensities_follow_item_popularity():
     assert popular > 2 * rare
     # Calibrated: about right on average for the popular half, where the truth is 0.3.
     assert 0.15 < popular < 0.6
+
+
+def test_a_fully_observed_matrix_is_named_not_passed_to_the_mask_model():
+    """Every cell observed leaves the mask model no negatives (scikit-learn's calibration had said it needs
+    samples of at least 2 classes)."""
+    full = sp.csr_matrix(np.arange(1.0, 13.0).reshape(3, 4) % 5 + 1)
+    with pytest.raises(ValueError, match="every cell of train is observed"):
+        mask_propensities(full)
