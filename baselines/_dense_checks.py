@@ -79,3 +79,18 @@ def check_missing_data(X, name: str, *, fitting: bool, n_features: int | None = 
                 f"(drop them before imputing)"
             )
     return array
+
+
+def standardisation(X: np.ndarray, name: str, standardize: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """(centre, scale) per column: the observed mean and sd (1 for a constant column) with ``standardize``,
+    else zeros and ones. A column whose spread overflows float64 (values beyond about 1e154) is refused:
+    its sd would be inf and every imputation NaN."""
+    d = X.shape[1]
+    if not standardize:
+        return np.zeros(d), np.ones(d)
+    sd = np.nanstd(X, axis=0)
+    overflowed = np.flatnonzero(~np.isfinite(sd))
+    if overflowed.size:
+        raise ValueError(f"{name}: column(s) {overflowed.tolist()} hold values too large to standardise (their "
+                         "variance overflows float64); rescale them first")
+    return np.nanmean(X, axis=0), np.where(sd > 0, sd, 1.0)

@@ -7,13 +7,14 @@ information about which values tend to go missing into the low-rank fit of the d
 
 from __future__ import annotations
 
+import numbers
 from collections import deque
 
 import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils.validation import check_is_fitted
 
-from baselines._dense_checks import check_missing_data
+from baselines._dense_checks import check_missing_data, standardisation
 
 
 class LowRankJointImputer(TransformerMixin, BaseEstimator):
@@ -65,14 +66,11 @@ class LowRankJointImputer(TransformerMixin, BaseEstimator):
         X = check_missing_data(X, "LowRankJointImputer", fitting=True)
         if not 0.0 < self.holdout < 1.0:
             raise ValueError(f"LowRankJointImputer: holdout must lie in (0, 1), got {self.holdout}")
+        if isinstance(self.n_lambdas, bool) or not isinstance(self.n_lambdas, numbers.Integral) or self.n_lambdas < 1:
+            raise ValueError(f"LowRankJointImputer: n_lambdas must be a positive integer, got {self.n_lambdas!r}")
         d = X.shape[1]
         self.n_features_in_ = d
-        if self.standardize:
-            self.center_ = np.nanmean(X, axis=0)
-            sd = np.nanstd(X, axis=0)
-            self.scale_ = np.where(sd > 0, sd, 1.0)
-        else:
-            self.center_, self.scale_ = np.zeros(d), np.ones(d)
+        self.center_, self.scale_ = standardisation(X, "LowRankJointImputer", self.standardize)
         self.mask_mean_ = (~np.isnan(X)).mean(axis=0)
 
         Y, observed = self._joint(X)

@@ -2,16 +2,20 @@
 
 Model: x = W z + mu + eps, z ~ N(0, I_q), eps ~ N(0, s2 I_D). For each row only its observed entries
 enter the E-step (posterior of z given x_o), so missing values are integrated out exactly and the
-observed-data log-likelihood never decreases across iterations.
+observed-data log-likelihood never decreases across iterations, in exact arithmetic. On data that q components
+fit exactly it is unbounded: s2 runs towards 0 and rounding can then lower it by a step (by 1,339 at a value of
+2,943 on rank-1 data with q = 4) while the imputations stay exact.
 """
 
 from __future__ import annotations
+
+import numbers
 
 import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils.validation import check_is_fitted
 
-from baselines._dense_checks import check_missing_data
+from baselines._dense_checks import check_missing_data, standardisation
 
 _LOG_2PI = np.log(2.0 * np.pi)
 
@@ -43,13 +47,13 @@ class PPCAImputer(TransformerMixin, BaseEstimator):
     def fit(self, X, y=None) -> "PPCAImputer":
         X = check_missing_data(X, "PPCAImputer", fitting=True)
         d = X.shape[1]
+        if d < 2:
+            raise ValueError(f"PPCAImputer: a latent factor model needs at least 2 features, got {d}")
         q = d - 1 if self.n_components is None else self.n_components
-        if not 1 <= q < d:
+        if not (isinstance(q, numbers.Integral) and not isinstance(q, bool) and 1 <= q < d):
             raise ValueError(f"PPCAImputer: n_components must be in 1..{d - 1} for {d} features, got {q}")
         self.n_features_in_ = d
-        self.center_ = np.nanmean(X, axis=0) if self.standardize else np.zeros(d)
-        sd = np.nanstd(X, axis=0) if self.standardize else np.ones(d)
-        self.scale_ = np.where(sd > 0, sd, 1.0)
+        self.center_, self.scale_ = standardisation(X, "PPCAImputer", self.standardize)
         X0, S = self._prepare(X)
 
         W, mu, s2 = self._init_params(X0, S, q)

@@ -15,7 +15,7 @@ from sklearn.base import BaseEstimator, OneToOneFeatureMixin, TransformerMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from baselines._dense_checks import column_name, non_numeric_error, pandas_missing_as_nan
+from baselines._dense_checks import column_name, non_numeric_error, pandas_missing_as_nan, standardisation
 from mnar_recsys.devices import resolve_device
 from mnar_recsys.inference import importance
 from mnar_recsys.models.config import ModelConfig, build_model
@@ -148,11 +148,7 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
         train = TrainConfig(iterations=self.iterations, batch_size=self.batch_size, n_samples=self.n_samples,
                             lr=self.lr, device=self.device, progress=self.progress)
         # the fitted attributes are set together at the end: a failed refit leaves the last fit whole
-        if self.standardize:
-            sd = np.nanstd(X, axis=0)
-            mean, scale = np.nanmean(X, axis=0), np.where(sd > 0, sd, 1.0)
-        else:
-            mean, scale = np.zeros(X.shape[1]), np.ones(X.shape[1])
+        mean, scale = standardisation(X, "NotMIWAEImputer", self.standardize)
         standardized = (X - mean) / scale
         rng = check_random_state(self.random_state)
         scores = None if self.n_init == 1 else []

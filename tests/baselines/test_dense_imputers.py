@@ -145,6 +145,27 @@ def test_ppca_complete_data_matches_closed_form():
 def test_ppca_bad_components(low_rank):
     with pytest.raises(ValueError, match="n_components must be in 1..5 for 6 features, got 6"):
         PPCAImputer(n_components=6).fit(low_rank[2])
+    with pytest.raises(ValueError, match="n_components must be in 1..5 for 6 features, got 2.0"):
+        PPCAImputer(n_components=2.0).fit(low_rank[2])
+    with pytest.raises(ValueError, match="needs at least 2 features, got 1"):
+        PPCAImputer().fit(low_rank[2][:, :1])
+    with pytest.raises(ValueError, match="n_lambdas must be a positive integer, got 0"):
+        LowRankJointImputer(n_lambdas=0).fit(low_rank[2])
+
+
+@pytest.mark.parametrize("name", ["ppca", "lowrank-joint", "notmiwae"])
+def test_values_too_large_to_standardise_are_refused(name):
+    """Beyond about 1e154 the sd overflows to inf: every imputation had come back NaN without a word."""
+    from mnar_recsys.estimators.imputer import NotMIWAEImputer
+
+    X = np.random.default_rng(0).standard_normal((12, 3))
+    X[:, 1] *= 1e200
+    X[0, 0] = np.nan
+    imputer = NotMIWAEImputer(iterations=1) if name == "notmiwae" else make_dense_imputer(name)
+    with pytest.raises(ValueError, match=r"column\(s\) \[1\] hold values too large to standardise"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # NumPy's own overflow warning
+            imputer.fit(X)
 
 
 def test_lowrank_holdout_selection(low_rank):
