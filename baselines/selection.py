@@ -59,6 +59,10 @@ def select_config(
     score their weighted mean squared error: with inverse propensities, the self-normalised IPS estimate
     of the error over all cells that Schnabel et al. (2016) select MF-IPS by.
     """
+    train = check_ratings(train)
+    if train.nnz < 2:
+        raise ValueError(f"choosing hyper-parameters holds out some train ratings and fits the rest: train has "
+                         f"{train.nnz}, it needs at least 2")
     fit_part, val = validation_split(train, fraction, seed)
     vc = val.tocoo()
     weights = None if weigh is None else np.asarray(weigh(val), dtype=np.float64)

@@ -84,6 +84,10 @@ def paper_self_masking(X: np.ndarray, offset: float = 0.0) -> np.ndarray:
     1.0).
     """
     X = _check_data(X)
+    if not np.isfinite(offset):  # NaN would compare False everywhere and mask the whole first half
+        raise ValueError(f"offset must be a finite number of sd, got {offset}")
+    if X.shape[1] < 2:
+        raise ValueError(f"the protocol masks the first half of the features: it needs at least 2, got {X.shape[1]}")
     mask = np.ones(X.shape, dtype=np.uint8)
     half = X.shape[1] // 2
     cutoff = X[:, :half].mean(axis=0) + offset * X[:, :half].std(axis=0)

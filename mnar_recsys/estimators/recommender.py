@@ -173,8 +173,14 @@ def make_recommender(name: str, seed: int = 0, train: TrainConfig | None = None,
     """The named variant (one of ``VARIANTS``); keyword `model` fields override the variant's."""
     if name not in VARIANTS:
         raise ValueError(f"unknown not-MIWAE variant {name!r}; choose from {', '.join(VARIANTS)}")
-    levels = {"levels": tuple(int(v) for v in rating_scale), "squash": tuple(float(v) for v in rating_scale)}
-    config = RecommenderConfig(model={**levels, **VARIANTS[name], **model}, train=train or TrainConfig(),
+    spec = {**VARIANTS[name], **model}
+    scale = {"squash": tuple(float(v) for v in rating_scale)}
+    if all(float(v).is_integer() for v in rating_scale):
+        scale["levels"] = tuple(int(v) for v in rating_scale)
+    elif spec.get("decoder") == "categorical" or spec.get("missing") == "levelwise":  # int() would move the ends
+        raise ValueError(f"{name} models ratings on the integer levels lo..hi: rating_scale {tuple(rating_scale)} "
+                         "does not end on integers")
+    config = RecommenderConfig(model={**scale, **spec}, train=train or TrainConfig(),
                                importance=importance or ImportanceConfig(n_samples=1_000),
                                rating_scale=rating_scale, seed=seed)
     return NotMIWAERecommender(config, name=name)

@@ -30,6 +30,7 @@ from mnar_recsys.inference.tilt import Posterior, conditional_mean, mixture_medi
 from mnar_recsys.models.notmiwae import NotMIWAE
 from mnar_recsys.training.seeds import seeded
 from mnar_recsys.training.trainer import prepare_rows
+from mnar_recsys.checks import check_positive_integer
 
 METHODS = ("mean", "median", "multiple")
 SAMPLED_IMPUTATIONS = ("decoder-mean", "draws")
@@ -66,9 +67,8 @@ class ImportanceConfig:
 
     def __post_init__(self) -> None:
         for name in ("n_samples", "row_chunk", "chunk_entries", "n_imputations"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be at least 1, got {value}")
+            if getattr(self, name) is not None:
+                check_positive_integer(name, getattr(self, name))
         check_sampled_imputation(self.sampled_imputation)
 
 
@@ -192,6 +192,8 @@ def _all_missing(source: RowSource) -> tuple[np.ndarray, np.ndarray]:
         r, c = np.nonzero(mask == 0)
         rows.append(r + start)
         cols.append(c)
+    if not rows:  # no rows, no targets
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     return np.concatenate(rows), np.concatenate(cols)
 
 
@@ -322,6 +324,9 @@ def mask_accuracy(model: NotMIWAE, complete: np.ndarray, mask: np.ndarray) -> fl
     complete, mask = np.asarray(complete, dtype=np.float32), np.asarray(mask)
     if complete.shape != mask.shape:
         raise ValueError(f"complete data {complete.shape} and mask {mask.shape} must have one shape")
+    if complete.ndim != 2 or complete.shape[0] == 0 or complete.shape[1] != model.n_features:
+        raise ValueError(f"complete data must be rows of the model's {model.n_features} features, at least one, "
+                         f"got shape {complete.shape}")
     if not np.isfinite(complete).all():
         raise ValueError("mask accuracy needs fully observed rows: the data holds NaN or inf")
     if model.missing_model.is_mcar:

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, fields
 from torch import nn
 
 from mnar_recsys.models import decoders, encoders, missing
+from mnar_recsys.checks import check_positive_finite, check_positive_integer, is_positive_integer
 from mnar_recsys.models.notmiwae import NotMIWAE
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh}
@@ -78,12 +79,16 @@ class ModelConfig:
                               ("activation", tuple(ACTIVATIONS)), ("init", INITS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        for name in ("n_features", "latent_dim", "embedding_dim", "code_dim"):
-            if not (isinstance(getattr(self, name), numbers.Integral) and getattr(self, name) >= 1):
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        for name in ("n_features", "latent_dim", "embedding_dim", "code_dim", "quadrature_points"):
+            check_positive_integer(name, getattr(self, name))
         for name in ("encoder_hidden", "decoder_hidden", "missing_hidden", "conv_channels"):
-            if not all(isinstance(size, numbers.Integral) and size >= 1 for size in getattr(self, name)):
+            if not all(is_positive_integer(size) for size in getattr(self, name)):
                 raise ValueError(f"{name} must hold positive integers (layer widths), got {getattr(self, name)!r}")
+        for name in ("temperature", "min_variance"):
+            check_positive_finite(name, getattr(self, name))
+        if not (len(self.levels) == 2 and all(isinstance(level, numbers.Integral) and not isinstance(level, bool)
+                                              for level in self.levels) and self.levels[0] < self.levels[1]):
+            raise ValueError(f"levels must be two integers lo < hi (the rating levels lo..hi), got {self.levels!r}")
         if self.missing == "self-masking-known" and self.missing_sign not in (-1, 1):
             raise ValueError(f"self-masking-known needs missing_sign -1 (large values go missing) or +1 (large "
                              f"values are observed), got {self.missing_sign!r}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 from dataclasses import asdict, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
@@ -45,12 +44,6 @@ def check_seeds(label: str, seeds: tuple[int, ...] | list[int], most: int = MAX_
     bad = [s for s in seeds if not 0 <= s <= most]
     if bad:
         raise ValueError(f"{label} must lie in 0..{most}, got {', '.join(map(str, bad))}")
-
-
-def check_positive_finite(label: str, value: float) -> None:
-    """Refuse a value (a step size) that is not a positive finite number, naming its option."""
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{label} must be positive and finite, got {value}")
 
 
 def check_output_folder(out: str | Path) -> None:

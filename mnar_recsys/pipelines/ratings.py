@@ -37,11 +37,12 @@ from mnar_recsys.evaluation.reports import (markdown_table, provenance, remove_p
                                            write_json)
 from mnar_recsys.inference.importance import ImportanceConfig
 from mnar_recsys.pipelines.arguments import (check_counts, check_device_option, check_no_repeats, check_output_folder,
-                                             check_positive_finite, check_seeds)
+                                             check_seeds)
 from mnar_recsys.pipelines.workers import run_tasks
 from mnar_recsys.training import distributed
 from mnar_recsys.training.distributed import BACKENDS
 from mnar_recsys.training.trainer import TrainConfig
+from mnar_recsys.checks import check_positive_finite
 
 DATASETS = ("synthetic", "coat", "yahoo")
 DEFAULT_MODELS = ("notmiwae-gaussian", "notmiwae-categorical", "notmiwae-categorical-activity", "miwae-gaussian", "mf",

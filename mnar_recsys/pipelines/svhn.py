@@ -22,7 +22,7 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 
 from mnar_recsys.pipelines.arguments import (TORCH_MAX_SEED, add_config_options, check_counts, check_device_option,
-                                                check_output_folder, check_positive_finite, check_seeds,
+                                                check_output_folder, check_seeds,
                                                 config_from_options, option)
 from mnar_recsys.data.amputation import apply_mask
 from mnar_recsys.data.svhn import B, W, clipping_mask, digits_stand_in, load_svhn
@@ -34,6 +34,7 @@ from mnar_recsys.models.config import ModelConfig, build_model
 from mnar_recsys.models.missing import MCAR
 from mnar_recsys.models.notmiwae import NotMIWAE
 from mnar_recsys.training.trainer import TrainConfig, fit
+from mnar_recsys.checks import check_positive_finite
 
 MODELS = ("notmiwae", "miwae")
 OUTPUTS = ("results.json", "results.md", "histograms.png", "images.png")

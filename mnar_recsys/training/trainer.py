@@ -24,6 +24,7 @@ from mnar_recsys.devices import resolve_device
 from mnar_recsys.models.notmiwae import NotMIWAE
 from mnar_recsys.training import distributed
 from mnar_recsys.training.seeds import step_seed
+from mnar_recsys.checks import check_positive_finite, check_positive_integer
 
 
 @dataclass
@@ -52,14 +53,12 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for name in ("iterations", "batch_size", "n_samples", "log_every", "validation_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if not (math.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"lr must be positive and finite, got {self.lr}")
+            check_positive_integer(name, getattr(self, name))
+        check_positive_finite("lr", self.lr)
         if not 0.0 <= self.validation_fraction < 1.0:
             raise ValueError(f"validation_fraction must lie in [0, 1), got {self.validation_fraction}")
-        if self.shards is not None and self.shards < 1:
-            raise ValueError(f"shards must be at least 1, got {self.shards}")
+        if self.shards is not None:
+            check_positive_integer("shards", self.shards)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -150,5 +150,10 @@ def test_tuning_refuses_what_it_cannot_tune(mnar_data):
         tune_baseline("constant-2", mnar_data.train)
     with pytest.raises(ValueError, match="tuning mf-ips needs the MCAR sample"):
         tune_baseline("mf-ips", mnar_data.train)
+    one = mnar_data.train[:1].tocsr()
+    one.data[1:], one.data[:1] = 0, one.data[:1]
+    one.eliminate_zeros()
+    with pytest.raises(ValueError, match="holds out some train ratings and fits the rest: train has 1, it needs at least 2"):
+        tune_baseline("mf", one)
     with pytest.raises(ValueError, match="one finite positive weight per held-out rating"):
         select_config(lambda **kw: make_baseline("mf", **kw), mnar_data.train, [{}], weigh=lambda held: held.data[1:])

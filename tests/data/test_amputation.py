@@ -38,6 +38,11 @@ def test_paper_self_masking(X):
     raw = amp.paper_self_masking(X, offset=0.5)
     np.testing.assert_array_equal(raw[:, :3] == 0, X[:, :3] > X[:, :3].mean(0) + 0.5 * X[:, :3].std(0))
     assert np.all(raw[:, 3:] == 1)
+    # NaN compares False everywhere, which had masked the whole first half; one feature has no first half
+    with pytest.raises(ValueError, match="offset must be a finite number of sd, got nan"):
+        amp.paper_self_masking(Xs, offset=float("nan"))
+    with pytest.raises(ValueError, match="needs at least 2, got 1"):
+        amp.paper_self_masking(Xs[:, :1])
 
 
 @pytest.mark.parametrize("mechanism", MECHANISMS)

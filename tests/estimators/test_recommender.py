@@ -90,6 +90,13 @@ def test_bad_names_and_fields_are_refused():
         RecommenderConfig(model={"n_features": 3})
     with pytest.raises(ValueError, match="not fitted"):
         make_recommender("notmiwae-gaussian").predict(np.array([0]), np.array([0]))
+    # int() had made the levels (0, 5); a Gaussian decoder only squashes, so any scale suits it
+    with pytest.raises(ValueError, match=r"notmiwae-categorical models ratings on the integer levels lo\.\.hi: "
+                                         r"rating_scale \(0\.5, 5\.0\) does not end on integers"):
+        make_recommender("notmiwae-categorical", rating_scale=(0.5, 5.0))
+    with pytest.raises(ValueError, match="notmiwae-gaussian-levelwise models ratings on the integer levels"):
+        make_recommender("notmiwae-gaussian-levelwise", rating_scale=(0.5, 5.0))
+    assert make_recommender("notmiwae-gaussian", rating_scale=(0.5, 5.0)).config.model["squash"] == (0.5, 5.0)
 
 
 def test_same_seed_same_predictions_and_save_load_round_trip(small_ratings, tmp_path):

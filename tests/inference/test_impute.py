@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mnar_recsys.data.rows import as_rows
-from mnar_recsys.inference.importance import ImportanceConfig, _weighted_median, impute
+from mnar_recsys.inference.importance import ImportanceConfig, _weighted_median, impute, mask_accuracy
 from mnar_recsys.inference.tilt import Posterior, mixture_median
 from mnar_recsys.models.config import ModelConfig, build_model
 from mnar_recsys.models.missing import FixedFunction
@@ -405,3 +405,19 @@ def test_targets_must_be_integers_and_the_callers_random_state_is_left_alone(ppc
     torch.manual_seed(123)
     impute(model, rows, config=ImportanceConfig(n_samples=5, seed=0))
     torch.testing.assert_close(torch.rand(3), expected)
+
+
+def test_no_rows_impute_to_nothing_and_mask_accuracy_checks_the_width():
+    """No rows in, no targets out (np.concatenate of nothing had raised); the mask model's accuracy on rows of
+    another width is refused (3 of 5 features had been scored, 0.417)."""
+    model = build_model(ModelConfig(n_features=N_FEATURES, latent_dim=LATENT, encoder="mlp", encoder_hidden=(8,),
+                                    decoder="linear", missing="self-masking"))
+    nothing = impute(model, np.zeros((0, N_FEATURES)), config=ImportanceConfig(n_samples=5, device="cpu"))
+    assert nothing.rows.size == 0 and nothing.mean.size == 0
+    complete = np.random.default_rng(0).standard_normal((4, N_FEATURES))
+    assert 0 <= mask_accuracy(model, complete, complete > 0) <= 1
+    for width in (3, 6):
+        with pytest.raises(ValueError, match=rf"rows of the model's 5 features, at least one, got shape \(4, {width}\)"):
+            mask_accuracy(model, complete[:, :1].repeat(width, 1), np.ones((4, width)))
+    with pytest.raises(ValueError, match="at least one"):
+        mask_accuracy(model, complete[:0], complete[:0] > 0)

@@ -6,6 +6,7 @@ import scipy.sparse as sp
 import torch
 
 from mnar_recsys.data.rows import as_rows
+from mnar_recsys.inference.importance import ImportanceConfig
 from mnar_recsys.models.config import ModelConfig, build_model
 from mnar_recsys.training.trainer import TrainConfig, fit
 
@@ -63,10 +64,35 @@ def test_bound_refuses_rows_with_another_number_of_features(model):
             candidate.bound(batch, 3)
 
 
-@pytest.mark.parametrize("field", ["batch_size", "iterations"])
-def test_train_config_refuses_fewer_than_one(field):
-    with pytest.raises(ValueError, match=f"{field} must be at least 1, got 0"):
-        TrainConfig(**{field: 0})
+@pytest.mark.parametrize("field", ["batch_size", "iterations", "n_samples"])
+@pytest.mark.parametrize("value", [0, 20.0, True])
+def test_train_config_refuses_counts_that_are_not_positive_integers(field, value):
+    """20.0 would pass a range check and fail inside torch's sampling as a bare TypeError."""
+    with pytest.raises(ValueError, match=f"{field} must be a positive integer, got {value!r}"):
+        TrainConfig(**{field: value})
+
+
+def test_importance_config_refuses_counts_that_are_not_positive_integers():
+    """Checked when the imputer is built, not after a whole training run."""
+    for field in ("n_samples", "row_chunk", "chunk_entries", "n_imputations"):
+        with pytest.raises(ValueError, match=f"{field} must be a positive integer, got 20.0"):
+            ImportanceConfig(**{field: 20.0})
+    assert ImportanceConfig(n_samples=np.int64(20)).n_samples == 20
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"decoder": "categorical", "levels": (1.0, 5.0)}, r"levels must be two integers lo < hi.*\(1\.0, 5\.0\)"),
+    ({"levels": (5, 1)}, "levels must be two integers lo < hi"),
+    ({"decoder": "categorical", "temperature": 0.0}, "temperature must be positive and finite, got 0.0"),
+    ({"decoder": "categorical", "temperature": -0.5}, "temperature must be positive and finite, got -0.5"),
+    ({"min_variance": -1.0}, "min_variance must be positive and finite, got -1.0"),
+    ({"quadrature_points": 0}, "quadrature_points must be a positive integer, got 0"),
+])
+def test_model_config_refuses_settings_that_fail_later_or_train_wrongly(fields, message):
+    """A negative temperature had trained without complaint; a zero one or a negative variance floor had
+    surfaced as TrainingDiverged, pointing at the learning rate."""
+    with pytest.raises(ValueError, match=message):
+        ModelConfig(n_features=4, **fields)
 
 
 @pytest.mark.parametrize("empty_row", [
