@@ -21,7 +21,7 @@ class ConstantPredictor:
         self.shape: tuple[int, int] | None = None
 
     def fit(self, train: sp.csr_matrix) -> "ConstantPredictor":
-        """Record the shape of ``train`` (the ratings themselves are not used)."""
+        """Record the shape of ``train``; its ratings are only checked against ``rating_scale``."""
         train = check_ratings(train)
         check_on_scale(train, self.rating_scale)
         self.shape = train.shape

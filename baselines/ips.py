@@ -18,7 +18,7 @@ from typing import Any, Literal
 import numpy as np
 import scipy.sparse as sp
 
-from baselines._checks import check_ratings
+from baselines._checks import check_on_scale, check_ratings
 from baselines.mf import MatrixFactorization, MFConfig
 from baselines.propensities import (
     DEFAULT_MIN_RELATIVE,
@@ -109,6 +109,7 @@ class IPSMatrixFactorization(MatrixFactorization):
         the mask model is the slow part of each fit.
         """
         train = check_ratings(train)
+        check_on_scale(train, self.config.rating_scale)  # before the propensity model, the slow part
         if mask_propensities_of_train is not None and self.propensity != "mask":
             raise ValueError("mask_propensities_of_train is for the 'mask' variant")
         if mcar_sample is not None and self.propensity != "naive-bayes":

@@ -7,7 +7,6 @@ information about which values tend to go missing into the low-rank fit of the d
 
 from __future__ import annotations
 
-import numbers
 from collections import deque
 
 import numpy as np
@@ -15,6 +14,7 @@ from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils.validation import check_is_fitted
 
 from baselines._dense_checks import check_missing_data, standardisation
+from mnar_recsys.checks import check_positive_integer
 
 
 class LowRankJointImputer(TransformerMixin, BaseEstimator):
@@ -66,8 +66,8 @@ class LowRankJointImputer(TransformerMixin, BaseEstimator):
         X = check_missing_data(X, "LowRankJointImputer", fitting=True)
         if not 0.0 < self.holdout < 1.0:
             raise ValueError(f"LowRankJointImputer: holdout must lie in (0, 1), got {self.holdout}")
-        if isinstance(self.n_lambdas, bool) or not isinstance(self.n_lambdas, numbers.Integral) or self.n_lambdas < 1:
-            raise ValueError(f"LowRankJointImputer: n_lambdas must be a positive integer, got {self.n_lambdas!r}")
+        for name in ("n_lambdas", "max_iter"):
+            check_positive_integer(f"LowRankJointImputer: {name}", getattr(self, name))
         d = X.shape[1]
         self.n_features_in_ = d
         self.center_, self.scale_ = standardisation(X, "LowRankJointImputer", self.standardize)

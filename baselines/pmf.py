@@ -17,6 +17,7 @@ import scipy.sparse as sp
 
 from baselines._als import ridge_rows
 from baselines._checks import check_fitted, check_on_scale, check_pairs, check_ratings
+from mnar_recsys.checks import check_positive_integer
 
 
 # the grid PMFConfig's defaults were chosen on, and which `baselines.registry.tune_baseline` searches
@@ -68,8 +69,11 @@ class ProbabilisticMF:
     def fit(self, train: sp.csr_matrix) -> "ProbabilisticMF":
         """MAP fit to the stored ratings of ``train`` (users x items CSR)."""
         cfg = self.config
-        if cfg.n_factors < 1 or cfg.n_iters < 1 or cfg.lambda_u <= 0 or cfg.lambda_v <= 0:
-            raise ValueError(f"invalid PMFConfig: {cfg}")
+        for name in ("n_factors", "n_iters"):
+            check_positive_integer(f"PMFConfig.{name}", getattr(cfg, name))
+        for name in ("lambda_u", "lambda_v"):
+            if not getattr(cfg, name) > 0:
+                raise ValueError(f"PMFConfig.{name} must be > 0, got {getattr(cfg, name)!r}")
         train = check_ratings(train)
         check_on_scale(train, cfg.rating_scale)
         mu = float(train.data.mean())

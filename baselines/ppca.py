@@ -9,13 +9,12 @@ fit exactly it is unbounded: s2 runs towards 0 and rounding can then lower it by
 
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils.validation import check_is_fitted
 
 from baselines._dense_checks import check_missing_data, standardisation
+from mnar_recsys.checks import check_positive_integer, is_positive_integer
 
 _LOG_2PI = np.log(2.0 * np.pi)
 
@@ -46,11 +45,12 @@ class PPCAImputer(TransformerMixin, BaseEstimator):
 
     def fit(self, X, y=None) -> "PPCAImputer":
         X = check_missing_data(X, "PPCAImputer", fitting=True)
+        check_positive_integer("PPCAImputer: max_iter", self.max_iter)
         d = X.shape[1]
         if d < 2:
             raise ValueError(f"PPCAImputer: a latent factor model needs at least 2 features, got {d}")
         q = d - 1 if self.n_components is None else self.n_components
-        if not (isinstance(q, numbers.Integral) and not isinstance(q, bool) and 1 <= q < d):
+        if not (is_positive_integer(q) and q < d):
             raise ValueError(f"PPCAImputer: n_components must be in 1..{d - 1} for {d} features, got {q}")
         self.n_features_in_ = d
         self.center_, self.scale_ = standardisation(X, "PPCAImputer", self.standardize)

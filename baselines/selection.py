@@ -37,6 +37,10 @@ def split_entries(ratings: sp.csr_matrix, fraction: float, seed: int) -> tuple[s
 
 def validation_split(train: sp.csr_matrix, fraction: float = 0.1, seed: int = 0) -> tuple[sp.csr_matrix, sp.csr_matrix]:
     """Split the stored train ratings uniformly at random into (fit, validation) matrices of train's shape."""
+    train = check_ratings(train)
+    if train.nnz < 2:  # one part would be empty
+        raise ValueError(f"a validation split holds out some train ratings and fits the rest: train has {train.nnz}, "
+                         "it needs at least 2")
     held, fit = split_entries(train, fraction, seed)
     return fit, held
 
@@ -59,10 +63,6 @@ def select_config(
     score their weighted mean squared error: with inverse propensities, the self-normalised IPS estimate
     of the error over all cells that Schnabel et al. (2016) select MF-IPS by.
     """
-    train = check_ratings(train)
-    if train.nnz < 2:
-        raise ValueError(f"choosing hyper-parameters holds out some train ratings and fits the rest: train has "
-                         f"{train.nnz}, it needs at least 2")
     fit_part, val = validation_split(train, fraction, seed)
     vc = val.tocoo()
     weights = None if weigh is None else np.asarray(weigh(val), dtype=np.float64)

@@ -1,4 +1,4 @@
-"""Checks of configuration values shared by the typed configs, each naming the field it refuses."""
+"""Checks of configuration values shared by the typed configs and the baselines, each naming the field it refuses."""
 
 from __future__ import annotations
 
@@ -6,9 +6,14 @@ import math
 import numbers
 
 
+def is_integer(value: object) -> bool:
+    """Whether `value` is an integer (NumPy's too); a bool or a float such as 20.0 is not."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def is_positive_integer(value: object) -> bool:
-    """Whether `value` is an integer >= 1 (NumPy's too); a bool or a float such as 20.0 is not."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1
+    """Whether `value` is an integer >= 1."""
+    return is_integer(value) and value >= 1
 
 
 def check_positive_integer(name: str, value: object) -> None:
@@ -20,4 +25,4 @@ def check_positive_integer(name: str, value: object) -> None:
 def check_positive_finite(name: str, value: object) -> None:
     """Refuse a step size or scale (a temperature, a variance floor) that is not a finite number > 0."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be positive and finite, got {value}")
+        raise ValueError(f"{name} must be positive and finite, got {value!r}")

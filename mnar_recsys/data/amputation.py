@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from baselines._dense_checks import standardisation
+
 
 def _check_data(X: np.ndarray) -> np.ndarray:
     X = np.asarray(X, dtype=np.float64)
@@ -57,12 +59,11 @@ def _draw_missing(prob_missing: np.ndarray, rng: np.random.Generator) -> np.ndar
 def standardize(X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Scale each feature to mean 0, sd 1 (population sd); returns (Xs, mean, sd).
 
-    A constant feature keeps sd = 1 so it maps to zeros instead of dividing by zero.
+    A constant feature keeps sd = 1 so it maps to zeros instead of dividing by zero; a feature whose sd
+    overflows is refused (it would map to zeros too).
     """
     X = _check_data(X)
-    mean = X.mean(axis=0)
-    sd = X.std(axis=0)
-    sd = np.where(sd > 0, sd, 1.0)
+    mean, sd = standardisation(X, "standardize")
     return (X - mean) / sd, mean, sd
 
 

@@ -160,7 +160,14 @@ def simulate_ratings(config: SimulatorConfig | None = None) -> RatingsData:
         truth += score > t
     oracle = _expected_rating(signal, thresholds, noise_sd)
 
+    absent = [level for level in range(1, len(config.mcar_shares) + 1) if not (truth == level).any()]
+    if absent:  # no propensity can select a level that no cell holds
+        raise ValueError(f"no simulated cell has rating {', '.join(map(str, absent))}: {n_users} x {n_items} cells "
+                         "are too few for the rating shares; simulate more users or items")
     n_rated = _ratings_per_user(config, rng)
+    if n_rated.sum() == 0:
+        raise ValueError("every simulated user drew 0 ratings: raise median_ratings_per_user and "
+                         "mean_ratings_per_user, or simulate more users")
     popularity = config.popularity_floor + np.exp(config.popularity_sigma * rng.standard_normal(n_items))
     train_shares = _normalised(config.train_shares)
     selection = {}
@@ -266,10 +273,6 @@ def _select(
         codes = block.astype(np.intp) + (n_levels + 1) * np.arange(block.shape[0])[:, None]  # (row, rating) bins
         weights = np.broadcast_to(popularity, block.shape).ravel()
         mass[rows] = np.bincount(codes.ravel(), weights, (n_levels + 1) * block.shape[0]).reshape(-1, n_levels + 1)[:, 1:]
-    absent = np.flatnonzero(mass.sum(axis=0) == 0) + 1
-    if absent.size:  # no propensity can select a level that no cell holds
-        raise ValueError(f"no simulated cell has rating {', '.join(map(str, absent))}: {truth.shape[0]} x "
-                         f"{truth.shape[1]} cells are too few for the rating shares; simulate more users or items")
     target, best_error, best = train_shares, np.inf, None
     for _ in range(1 + _REALISED_ROUNDS):
         propensity = _approximate_propensity(mass, n_rated, target)

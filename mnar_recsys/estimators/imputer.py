@@ -8,7 +8,6 @@ the original units.
 
 from __future__ import annotations
 
-import numbers
 
 import numpy as np
 from sklearn.base import BaseEstimator, OneToOneFeatureMixin, TransformerMixin
@@ -16,6 +15,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from baselines._dense_checks import column_name, non_numeric_error, pandas_missing_as_nan, standardisation
+from mnar_recsys.checks import check_positive_integer
 from mnar_recsys.devices import resolve_device
 from mnar_recsys.inference import importance
 from mnar_recsys.models.config import ModelConfig, build_model
@@ -143,8 +143,7 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
                              "(drop it before imputing)")
         config = self.model_config(X.shape[1])
         self._importance_config(seed=0)  # refuses bad importance settings here, not after training
-        if not (isinstance(self.n_init, numbers.Integral) and self.n_init >= 1):
-            raise ValueError(f"n_init must be a positive integer, got {self.n_init!r}")
+        check_positive_integer("n_init", self.n_init)
         train = TrainConfig(iterations=self.iterations, batch_size=self.batch_size, n_samples=self.n_samples,
                             lr=self.lr, device=self.device, progress=self.progress)
         # the fitted attributes are set together at the end: a failed refit leaves the last fit whole

@@ -7,6 +7,7 @@ importance-sampling imputation that turns the model into predictions.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,9 @@ class RecommenderConfig:
         if isinstance(self.importance, dict):
             self.importance = ImportanceConfig(**self.importance)
         self.rating_scale = tuple(self.rating_scale)
+        if not (len(self.rating_scale) == 2 and all(math.isfinite(v) for v in self.rating_scale)
+                and self.rating_scale[0] < self.rating_scale[1]):
+            raise ValueError(f"rating_scale must be (low, high), finite, with low < high, got {self.rating_scale}")
         if "n_features" in self.model:
             raise ValueError("model must not set n_features: fit takes it from the train matrix")
         known = {f.name for f in fields(ModelConfig)}
@@ -79,8 +83,6 @@ class RecommenderConfig:
         # validates the values now rather than at fit time, and normalises them (JSON lists -> tuples)
         checked = self.model_config(1).to_dict()
         self.model = {name: checked[name] for name in self.model}
-        if not self.rating_scale[0] < self.rating_scale[1]:
-            raise ValueError(f"rating_scale must be (low, high) with low < high, got {self.rating_scale}")
 
     def model_config(self, n_features: int) -> ModelConfig:
         """The ModelConfig for a train matrix with `n_features` items."""
@@ -177,7 +179,8 @@ def make_recommender(name: str, seed: int = 0, train: TrainConfig | None = None,
     scale = {"squash": tuple(float(v) for v in rating_scale)}
     if all(float(v).is_integer() for v in rating_scale):
         scale["levels"] = tuple(int(v) for v in rating_scale)
-    elif spec.get("decoder") == "categorical" or spec.get("missing") == "levelwise":  # int() would move the ends
+    elif (spec.get("decoder") == "categorical" or spec.get("missing") == "levelwise") \
+            and all(math.isfinite(v) for v in rating_scale):  # int() would move the ends; RecommenderConfig names inf
         raise ValueError(f"{name} models ratings on the integer levels lo..hi: rating_scale {tuple(rating_scale)} "
                          "does not end on integers")
     config = RecommenderConfig(model={**scale, **spec}, train=train or TrainConfig(),

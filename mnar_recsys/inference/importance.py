@@ -66,9 +66,10 @@ class ImportanceConfig:
     sampled_imputation: str = "decoder-mean"
 
     def __post_init__(self) -> None:
-        for name in ("n_samples", "row_chunk", "chunk_entries", "n_imputations"):
-            if getattr(self, name) is not None:
-                check_positive_integer(name, getattr(self, name))
+        for name in ("n_samples", "row_chunk", "n_imputations"):
+            check_positive_integer(name, getattr(self, name))
+        if self.chunk_entries is not None:  # None: the device's default
+            check_positive_integer("chunk_entries", self.chunk_entries)
         check_sampled_imputation(self.sampled_imputation)
 
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import asdict, dataclass, fields
 
 from torch import nn
 
 from mnar_recsys.models import decoders, encoders, missing
-from mnar_recsys.checks import check_positive_finite, check_positive_integer, is_positive_integer
+from mnar_recsys.checks import check_positive_finite, check_positive_integer, is_integer, is_positive_integer
 from mnar_recsys.models.notmiwae import NotMIWAE
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh}
@@ -86,14 +85,14 @@ class ModelConfig:
                 raise ValueError(f"{name} must hold positive integers (layer widths), got {getattr(self, name)!r}")
         for name in ("temperature", "min_variance"):
             check_positive_finite(name, getattr(self, name))
-        if not (len(self.levels) == 2 and all(isinstance(level, numbers.Integral) and not isinstance(level, bool)
-                                              for level in self.levels) and self.levels[0] < self.levels[1]):
+        if not (isinstance(self.levels, (tuple, list)) and len(self.levels) == 2
+                and all(is_integer(level) for level in self.levels) and self.levels[0] < self.levels[1]):
             raise ValueError(f"levels must be two integers lo < hi (the rating levels lo..hi), got {self.levels!r}")
         if self.missing == "self-masking-known" and self.missing_sign not in (-1, 1):
             raise ValueError(f"self-masking-known needs missing_sign -1 (large values go missing) or +1 (large "
                              f"values are observed), got {self.missing_sign!r}")
-        if self.unobserved_samples is not None and self.unobserved_samples < 1:
-            raise ValueError(f"unobserved_samples must be None or at least 1, got {self.unobserved_samples}")
+        if self.unobserved_samples is not None:  # None: the exact missing term
+            check_positive_integer("unobserved_samples", self.unobserved_samples)
         # JSON round trips turn tuples into lists
         for f in fields(self):
             value = getattr(self, f.name)

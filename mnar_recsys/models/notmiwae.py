@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mnar_recsys.checks import is_positive_integer
 from mnar_recsys.data.rows import RowBatch
 from mnar_recsys.devices import cpu_normal
 from mnar_recsys.models.bound import BoundTerms, importance_weighted_bound
@@ -316,8 +316,7 @@ def _at_columns(tensors: tuple[torch.Tensor, ...], cols: torch.Tensor) -> tuple[
 def _check_unobserved_samples(unobserved_samples: int | None, missing_model: MissingModel) -> None:
     if unobserved_samples is None:
         return
-    if isinstance(unobserved_samples, bool) or not isinstance(unobserved_samples, numbers.Integral) \
-            or unobserved_samples < 1:
+    if not is_positive_integer(unobserved_samples):
         raise ValueError(f"unobserved_samples must be None (the exact missing term) or an integer >= 1, "
                          f"got {unobserved_samples!r}")
     if not (missing_model.per_feature or missing_model.is_mcar):

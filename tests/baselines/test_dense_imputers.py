@@ -151,6 +151,10 @@ def test_ppca_bad_components(low_rank):
         PPCAImputer().fit(low_rank[2][:, :1])
     with pytest.raises(ValueError, match="n_lambdas must be a positive integer, got 0"):
         LowRankJointImputer(n_lambdas=0).fit(low_rank[2])
+    with pytest.raises(ValueError, match="PPCAImputer: max_iter must be a positive integer, got 2.5"):
+        PPCAImputer(max_iter=2.5).fit(low_rank[2])
+    with pytest.raises(ValueError, match="LowRankJointImputer: max_iter must be a positive integer, got True"):
+        LowRankJointImputer(max_iter=True).fit(low_rank[2])
 
 
 @pytest.mark.parametrize("name", ["ppca", "lowrank-joint", "notmiwae"])
@@ -166,6 +170,10 @@ def test_values_too_large_to_standardise_are_refused(name):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # NumPy's own overflow warning
             imputer.fit(X)
+    with pytest.raises(ValueError, match=r"column\(s\) \[1\] hold values too large"):  # the UCI protocol's scaling
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            standardize(np.nan_to_num(X))
 
 
 def test_lowrank_holdout_selection(low_rank):

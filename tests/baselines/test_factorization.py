@@ -131,3 +131,6 @@ def test_ratings_off_the_clipping_scale_are_refused(model):
         model().fit(train)
     predicted = model(n_factors=2, rating_scale=(1.0, 10.0)).fit(train).predict(np.array([1]), np.array([1]))
     assert predicted[0] > 5
+    for field in ("n_factors", "n_iters"):  # 2.0 had failed inside NumPy as a bare TypeError
+        with pytest.raises(ValueError, match=f"Config.{field} must be a positive integer, got 2.0"):
+            model(**{field: 2.0}).fit(train)

@@ -63,6 +63,12 @@ def test_ips_argument_errors(mnar_data):
         IPSMatrixFactorization("oracle")
     with pytest.raises(ValueError, match="mcar_sample shape"):
         IPSMatrixFactorization("naive-bayes").fit(mnar_data.train, mcar_sample=sp.csr_matrix(np.ones((2, 2))))
+    # refused before the mask model is fitted to ratings that the clipping would cap
+    wide = mnar_data.train.copy()
+    wide.data = wide.data * 2
+    for propensity in ("mask", "naive-bayes"):
+        with pytest.raises(ValueError, match=r"ratings outside rating_scale \(1\.0, 5\.0\)"):
+            IPSMatrixFactorization(propensity).fit(wide)
 
 
 def test_split_mcar_sample_partitions_the_test():

@@ -155,5 +155,7 @@ def test_tuning_refuses_what_it_cannot_tune(mnar_data):
     one.eliminate_zeros()
     with pytest.raises(ValueError, match="holds out some train ratings and fits the rest: train has 1, it needs at least 2"):
         tune_baseline("mf", one)
+    with pytest.raises(ValueError, match="train has 1, it needs at least 2"):
+        tune_baseline("mf-ips-mask", one)  # its mask model's split comes first
     with pytest.raises(ValueError, match="one finite positive weight per held-out rating"):
         select_config(lambda **kw: make_baseline("mf", **kw), mnar_data.train, [{}], weigh=lambda held: held.data[1:])

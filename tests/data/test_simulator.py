@@ -103,12 +103,18 @@ def test_a_user_drawn_to_rate_nothing_rates_nothing():
         SimulatorConfig(min_ratings_per_user=-1)
 
 
-def test_too_few_cells_for_every_rating_level_is_named():
-    """One user x 30 items often holds no 5: no propensity can select it (a TypeError before)."""
-    config = SimulatorConfig(n_users=1, n_items=30, n_test_users=1, test_items_per_user=3,
+@pytest.mark.parametrize("selection", ["race", "independent"])
+def test_too_few_cells_for_every_rating_level_is_named(selection):
+    """One user x 30 items often holds no 5: no propensity can select it (the race had raised a TypeError, the
+    independent draw had put all the selection weight on the absent level)."""
+    config = SimulatorConfig(n_users=1, n_items=30, n_test_users=1, test_items_per_user=3, selection=selection,
                              min_ratings_per_user=2, median_ratings_per_user=3.0, mean_ratings_per_user=4.0, seed=0)
     with pytest.raises(ValueError, match="no simulated cell has rating 5: 1 x 30 cells are too few"):
         simulate_ratings(config)
+    nobody = SimulatorConfig(n_users=3, n_items=50, n_test_users=1, min_ratings_per_user=0,
+                             median_ratings_per_user=0.1, mean_ratings_per_user=0.2, selection=selection, seed=0)
+    with pytest.raises(ValueError, match="every simulated user drew 0 ratings"):
+        simulate_ratings(nobody)
 
 
 def test_independent_selection_is_the_stated_logistic_model():

@@ -100,8 +100,9 @@ def test_n_init_keeps_the_fit_whose_rows_score_highest(self_masked):
     # one fit is the first of them, unscored
     single = several.set_params(n_init=1).fit(Xm)
     assert single.seed_ == seeds[0] and single.init_scores_ is None
-    with pytest.raises(ValueError, match="n_init must be a positive integer, got 0"):
-        NotMIWAEImputer(**params, n_init=0).fit(Xm)
+    for bad in (0, True):
+        with pytest.raises(ValueError, match=f"n_init must be a positive integer, got {bad}"):
+            NotMIWAEImputer(**params, n_init=bad).fit(Xm)
 
 
 @pytest.mark.parametrize("scores, kept", [([np.nan, 1.0, np.nan], 1), ([np.nan, np.nan], 0), ([2.0, 3.0, 3.0], 1)])

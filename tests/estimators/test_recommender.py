@@ -97,6 +97,11 @@ def test_bad_names_and_fields_are_refused():
     with pytest.raises(ValueError, match="notmiwae-gaussian-levelwise models ratings on the integer levels"):
         make_recommender("notmiwae-gaussian-levelwise", rating_scale=(0.5, 5.0))
     assert make_recommender("notmiwae-gaussian", rating_scale=(0.5, 5.0)).config.model["squash"] == (0.5, 5.0)
+    # named as the scale, not as the levels it sets; an infinite end had trained to a bound of -inf
+    for scale in ((5, 1), (3, 3), (1.0, float("inf"))):
+        for name in ("notmiwae-gaussian", "notmiwae-categorical"):
+            with pytest.raises(ValueError, match=r"rating_scale must be \(low, high\), finite, with low < high"):
+                make_recommender(name, rating_scale=scale)
 
 
 def test_same_seed_same_predictions_and_save_load_round_trip(small_ratings, tmp_path):

@@ -78,6 +78,9 @@ def test_importance_config_refuses_counts_that_are_not_positive_integers():
         with pytest.raises(ValueError, match=f"{field} must be a positive integer, got 20.0"):
             ImportanceConfig(**{field: 20.0})
     assert ImportanceConfig(n_samples=np.int64(20)).n_samples == 20
+    with pytest.raises(ValueError, match="row_chunk must be a positive integer, got None"):
+        ImportanceConfig(row_chunk=None)
+    assert ImportanceConfig(chunk_entries=None).chunk_entries is None  # the device's default
 
 
 @pytest.mark.parametrize("fields, message", [
@@ -87,6 +90,9 @@ def test_importance_config_refuses_counts_that_are_not_positive_integers():
     ({"decoder": "categorical", "temperature": -0.5}, "temperature must be positive and finite, got -0.5"),
     ({"min_variance": -1.0}, "min_variance must be positive and finite, got -1.0"),
     ({"quadrature_points": 0}, "quadrature_points must be a positive integer, got 0"),
+    ({"unobserved_samples": 2.0}, "unobserved_samples must be a positive integer, got 2.0"),
+    ({"decoder": "categorical", "temperature": "0.5"}, "temperature must be positive and finite, got '0.5'"),
+    ({"levels": None}, "levels must be two integers lo < hi"),
 ])
 def test_model_config_refuses_settings_that_fail_later_or_train_wrongly(fields, message):
     """A negative temperature had trained without complaint; a zero one or a negative variance floor had
