@@ -98,20 +98,16 @@ class IPSMatrixFactorization(MatrixFactorization):
             return {"estimator": "given", "mean": float(self.propensities.mean())}
         return {"estimator": "mask", **asdict(self.mask_config)}
 
-    def fit(self, train: sp.csr_matrix, *, mcar_sample: sp.csr_matrix | None = None,
-            mask_propensities_of_train: np.ndarray | None = None) -> "IPSMatrixFactorization":
+    def fit(self, train: sp.csr_matrix, *, mcar_sample: sp.csr_matrix | None = None) -> "IPSMatrixFactorization":
         """Estimate a propensity for every stored rating of ``train``, then fit MF with weights 1 / p.
 
         ``mcar_sample`` (Naive-Bayes variant only) overrides the one given to the constructor; it must
-        have ``train``'s shape and should be disjoint from the ratings later scored.
-        ``mask_propensities_of_train`` (mask variant only): what ``mask_propensities(train, self.mask_config)``
-        returns, when it is already at hand; tuning fits a model at every grid point to the same ratings, and
-        the mask model is the slow part of each fit.
+        have ``train``'s shape and should be disjoint from the ratings later scored. The mask variant's
+        propensities come from ``mask_propensities``, which keeps its last fits: tuning's grid points, all
+        fitted to the same ratings, share one mask model.
         """
         train = check_ratings(train)
         check_on_scale(train, self.config.rating_scale)  # before the propensity model, the slow part
-        if mask_propensities_of_train is not None and self.propensity != "mask":
-            raise ValueError("mask_propensities_of_train is for the 'mask' variant")
         if mcar_sample is not None and self.propensity != "naive-bayes":
             raise ValueError(f"the {self.propensity!r} variant uses no MCAR data; do not pass mcar_sample")
         if self.propensity == "naive-bayes":
@@ -127,10 +123,6 @@ class IPSMatrixFactorization(MatrixFactorization):
             entries = train.tocoo()
             p = self.propensities[entries.row, entries.col]  # CSR order, as train.data
         else:
-            p = mask_propensities(train, self.mask_config) if mask_propensities_of_train is None \
-                else np.asarray(mask_propensities_of_train, dtype=np.float64)
-            if p.shape != (train.nnz,) or not ((p > 0) & (p <= 1)).all():
-                raise ValueError(f"mask_propensities_of_train must hold one propensity in (0, 1] per stored rating "
-                                 f"({train.nnz}), got shape {p.shape}")
+            p = mask_propensities(train, self.mask_config)
         self.train_propensities = p
         return super().fit(train, sample_weight=1.0 / p)

@@ -15,7 +15,7 @@ from baselines.ips import IPSMatrixFactorization
 from baselines.mf import MF_GRID, MatrixFactorization
 from baselines.pmf import PMF_GRID, ProbabilisticMF
 from baselines.propensities import mask_propensities, naive_bayes_propensities
-from baselines.selection import select_config, validation_split
+from baselines.selection import select_config
 
 _FACTORIES: dict[str, Callable[..., Recommender]] = {
     "mf": MatrixFactorization,
@@ -77,12 +77,9 @@ def tune_baseline(name: str, train: sp.csr_matrix, *, seed: int = 0, mcar_sample
             return 1.0 / propensity(held.data)
         weigh = weigh_by_rating
     elif name in ("mf-ips-mask", "mf-ips-given"):
-        if name == "mf-ips-mask":
+        if name == "mf-ips-mask":  # mask_propensities keeps this fit for the final model's
             propensities = train.copy()
             propensities.data = mask_propensities(train, model.mask_config)
-            # every grid point fits the same ratings: their mask model is fitted once, not at every point
-            fit_part, _ = validation_split(train, fraction, seed)
-            fit_kwargs = {"mask_propensities_of_train": mask_propensities(fit_part, model.mask_config)}
         else:
             propensities = model.propensities
 

@@ -50,3 +50,31 @@ def test_a_fully_observed_matrix_is_named_not_passed_to_the_mask_model():
     full = sp.csr_matrix(np.arange(1.0, 13.0).reshape(3, 4) % 5 + 1)
     with pytest.raises(ValueError, match="every cell of train is observed"):
         mask_propensities(full)
+
+
+def test_the_same_mask_is_fitted_once(monkeypatch):
+    """Tuning mf-ips-mask weighs its held-out ratings with the whole train's propensities and the final fit
+    asks for them again: one fit serves both. The ratings' values do not enter, the mask and settings do."""
+    import baselines.propensities as propensities
+
+    calls = []
+    fit = propensities._fit_mask_propensities
+    monkeypatch.setattr(propensities, "_fit_mask_propensities", lambda *args: calls.append(1) or fit(*args))
+    rng = np.random.default_rng(0)
+    train = sp.csr_matrix(np.where(rng.random((60, 30)) < 0.2, rng.integers(1, 6, (60, 30)), 0).astype(float))
+    config = MaskPropensityConfig(factors=3, iterations=5, seed=4)
+    first = mask_propensities(train, config)
+    first[:] = 0  # the caller's copy
+    other_values = train.copy()
+    other_values.data = 6 - other_values.data
+    again = mask_propensities(other_values, config)
+    assert len(calls) == 1 and (again > 0).all()
+    fewer = train.copy()
+    fewer.data[0] = 0
+    fewer.eliminate_zeros()
+    mask_propensities(fewer, config)  # as tuning fits its fit part
+    mask_propensities(train, config)  # and the final fit the whole train again
+    assert len(calls) == 2
+    mask_propensities(train, MaskPropensityConfig(factors=3, iterations=5, seed=5))
+    mask_propensities(fewer, config)  # evicted by then: two are kept
+    assert len(calls) == 4
