@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import numbers
+from collections.abc import Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 from sklearn.utils import check_array
 
 
-def pandas_missing_as_nan(X):
+def pandas_missing_as_nan(X: object) -> object:
     """X with pandas' missing markers (None, pd.NA) read as NaN, in object and extension (e.g. string) columns
     too, which would put pd.NA back; other input as it is."""
     if not (hasattr(X, "isna") and hasattr(X, "mask")):
@@ -20,12 +22,12 @@ def pandas_missing_as_nan(X):
     return X.astype(object).mask(X.isna(), np.nan)
 
 
-def column_name(names, j: int) -> str:
+def column_name(names: Sequence[object] | None, j: int) -> str:
     """'column j', with its name when the data came with column names."""
     return f"column {j} ({names[j]!r})" if names is not None else f"column {j}"
 
 
-def non_numeric_entry(X) -> tuple[int, object] | None:
+def non_numeric_entry(X: ArrayLike) -> tuple[int, object] | None:
     """(column, value) of the first entry that is not a number (strings, objects), or None."""
     array = np.asarray(X, dtype=object)
     if array.ndim != 2:
@@ -41,7 +43,7 @@ def non_numeric_entry(X) -> tuple[int, object] | None:
     return None
 
 
-def non_numeric_error(X, name: str) -> ValueError | None:
+def non_numeric_error(X: ArrayLike, name: str) -> ValueError | None:
     """A ValueError naming the column (and its name) of X's first non-numeric entry, or None."""
     bad = non_numeric_entry(X)
     if bad is None:
@@ -51,7 +53,7 @@ def non_numeric_error(X, name: str) -> ValueError | None:
                       f"{value!r}; encode it as a number, or as NaN when missing")
 
 
-def check_missing_data(X, name: str, *, fitting: bool, n_features: int | None = None) -> np.ndarray:
+def check_missing_data(X: ArrayLike, name: str, *, fitting: bool, n_features: int | None = None) -> np.ndarray:
     """X as a float64 2-d array (pandas' missing values become NaN); infinities and non-numeric entries are
     rejected, and when ``fitting`` so is an all-missing column."""
     X = pandas_missing_as_nan(X)

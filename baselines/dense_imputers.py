@@ -7,6 +7,7 @@ NaN marks a missing entry. ``make_dense_imputer(name, **kw)`` builds one by name
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.ensemble import RandomForestRegressor
 from sklearn.experimental import enable_iterative_imputer  # noqa: F401  (registers IterativeImputer)
@@ -22,13 +23,13 @@ from baselines.ppca import PPCAImputer
 class MeanImputer(TransformerMixin, BaseEstimator):
     """Replace each missing entry by the mean of its column's observed values."""
 
-    def fit(self, X, y=None) -> "MeanImputer":
+    def fit(self, X: ArrayLike, y: object = None) -> "MeanImputer":
         X = check_missing_data(X, "MeanImputer", fitting=True)
         self.mean_ = np.nanmean(X, axis=0)
         self.n_features_in_ = X.shape[1]
         return self
 
-    def transform(self, X) -> np.ndarray:
+    def transform(self, X: ArrayLike) -> np.ndarray:
         check_is_fitted(self)
         X = check_missing_data(X, "MeanImputer", fitting=False, n_features=self.n_features_in_)
         return np.where(np.isnan(X), self.mean_, X)
@@ -40,7 +41,7 @@ class _IterativeBase(TransformerMixin, BaseEstimator):
     def _estimator(self):
         raise NotImplementedError
 
-    def fit(self, X, y=None):
+    def fit(self, X: ArrayLike, y: object = None) -> "_IterativeBase":
         X = check_missing_data(X, type(self).__name__, fitting=True)
         self.imputer_ = IterativeImputer(
             estimator=self._estimator(), max_iter=self.max_iter, random_state=self.random_state
@@ -48,7 +49,7 @@ class _IterativeBase(TransformerMixin, BaseEstimator):
         self.n_features_in_ = X.shape[1]
         return self
 
-    def transform(self, X) -> np.ndarray:
+    def transform(self, X: ArrayLike) -> np.ndarray:
         check_is_fitted(self)
         X = check_missing_data(X, type(self).__name__, fitting=False, n_features=self.n_features_in_)
         return self.imputer_.transform(X)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import deque
 
 import numpy as np
+from numpy.typing import ArrayLike
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils.validation import check_is_fitted
 
@@ -62,7 +63,7 @@ class LowRankJointImputer(TransformerMixin, BaseEstimator):
     def _ratios(self) -> np.ndarray:
         return np.geomspace(1.0, self.lambda_min_ratio, self.n_lambdas)
 
-    def fit(self, X, y=None) -> "LowRankJointImputer":
+    def fit(self, X: ArrayLike, y: object = None) -> "LowRankJointImputer":
         X = check_missing_data(X, "LowRankJointImputer", fitting=True)
         if not 0.0 < self.holdout < 1.0:
             raise ValueError(f"LowRankJointImputer: holdout must lie in (0, 1), got {self.holdout}")
@@ -90,7 +91,7 @@ class LowRankJointImputer(TransformerMixin, BaseEstimator):
         self.lambda_ratio_ = float(self._ratios()[self.best_index_])
         return self
 
-    def transform(self, X) -> np.ndarray:
+    def transform(self, X: ArrayLike) -> np.ndarray:
         check_is_fitted(self)
         X = check_missing_data(X, "LowRankJointImputer", fitting=False, n_features=self.n_features_in_)
         Y, observed = self._joint(X)

@@ -10,6 +10,7 @@ fit exactly it is unbounded: s2 runs towards 0 and rounding can then lower it by
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils.validation import check_is_fitted
 
@@ -43,7 +44,7 @@ class PPCAImputer(TransformerMixin, BaseEstimator):
         Xs = (X - self.center_) / self.scale_
         return np.where(observed, Xs, 0.0), observed.astype(np.float64)
 
-    def fit(self, X, y=None) -> "PPCAImputer":
+    def fit(self, X: ArrayLike, y: object = None) -> "PPCAImputer":
         X = check_missing_data(X, "PPCAImputer", fitting=True)
         check_positive_integer("PPCAImputer: max_iter", self.max_iter)
         d = X.shape[1]
@@ -82,7 +83,7 @@ class PPCAImputer(TransformerMixin, BaseEstimator):
         W = eigvec[:, :q] * np.sqrt(np.maximum(eigval[:q] - s2, floor))
         return W, mu, s2
 
-    def transform(self, X) -> np.ndarray:
+    def transform(self, X: ArrayLike) -> np.ndarray:
         check_is_fitted(self)
         X = check_missing_data(X, "PPCAImputer", fitting=False, n_features=self.n_features_in_)
         X0, S = self._prepare(X)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 
 import numpy as np
+from numpy.typing import ArrayLike
 from sklearn.base import BaseEstimator, OneToOneFeatureMixin, TransformerMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
@@ -119,7 +120,7 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
                            missing=self.missing, missing_sign=self.missing_sign, missing_factor=factor,
                            init="glorot")
 
-    def fit(self, X, y=None) -> "NotMIWAEImputer":
+    def fit(self, X: ArrayLike, y: object = None) -> "NotMIWAEImputer":
         """Train on X (NaN = missing); y is ignored. A fit that fails leaves the last fit whole, and the
         caller's torch random state is as it was."""
         input_attributes = {name: getattr(self, name) for name in _INPUT_ATTRIBUTES if hasattr(self, name)}
@@ -185,7 +186,7 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
         config = self._importance_config(seed)
         return float(importance.log_likelihood(model, standardized, config=config).mean())
 
-    def transform(self, X) -> np.ndarray:
+    def transform(self, X: ArrayLike) -> np.ndarray:
         """X with every NaN replaced by its importance-sampling conditional mean (observed values kept)."""
         check_is_fitted(self)
         X = self._validate(X, reset=False)
@@ -197,7 +198,7 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
         out[result.rows, result.cols] = result.mean * self.scale_[result.cols] + self.mean_[result.cols]
         return out
 
-    def score(self, X, y=None) -> float:
+    def score(self, X: ArrayLike, y: object = None) -> float:
         """Mean over rows of the importance-sampling estimate of log p(x_o, s) (log p(x_o) for the MIWAE), in
         nats, with `importance_samples` samples per row; y is ignored. As `GaussianMixture.score`, higher is
         better, and the density is that of X in its own units: it compares fits to the same data without the
@@ -208,7 +209,7 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
         # the change of variables from standardised units back to X's: each observed x_j was divided by scale_j
         return in_standard_units - float((~np.isnan(X) * np.log(self.scale_)).sum(1).mean())
 
-    def mask_accuracy(self, X_complete, mask) -> float:
+    def mask_accuracy(self, X_complete: ArrayLike, mask: ArrayLike) -> float:
         """Accuracy of the learnt missing model's predicted mask (1 = observed) on fully observed rows."""
         check_is_fitted(self)
         X = self._validate(X_complete, reset=False)

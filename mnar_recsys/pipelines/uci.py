@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from sklearn.base import BaseEstimator
 
 from baselines.dense_imputers import DENSE_IMPUTERS, make_dense_imputer
 from mnar_recsys.devices import resolve_device
@@ -92,7 +93,7 @@ class UCIConfig:
             raise ValueError(f"--offset must be finite, got {self.offset}")
 
 
-def make_imputer(model: str, config: UCIConfig, seed: int, progress: bool = False):
+def make_imputer(model: str, config: UCIConfig, seed: int, progress: bool = False) -> BaseEstimator:
     """A fresh imputer `model` (a NEURAL_MODELS or DENSE_IMPUTERS name) seeded with `seed`; `progress`
     shows the neural imputers' progress bars."""
     if model in NEURAL_MODELS:
