@@ -57,7 +57,7 @@ class IPSMatrixFactorization(MatrixFactorization):
 
     def __init__(
         self,
-        propensity: Literal["naive-bayes", "mask"] = "naive-bayes",
+        propensity: Literal["naive-bayes", "mask", "given"] = "naive-bayes",
         config: MFConfig | None = None,
         mcar_sample: sp.csr_matrix | None = None,
         min_relative: float = DEFAULT_MIN_RELATIVE,

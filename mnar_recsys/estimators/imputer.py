@@ -19,14 +19,12 @@ from baselines._dense_checks import column_name, non_numeric_error, pandas_missi
 from mnar_recsys.checks import check_positive_integer
 from mnar_recsys.devices import resolve_device
 from mnar_recsys.inference import importance
-from mnar_recsys.models.config import ModelConfig, build_model
+from mnar_recsys.models.config import ModelConfig, build_missing_model, build_model
 from mnar_recsys.training.seeds import seeded
 from mnar_recsys.training.trainer import TrainConfig, TrainingDiverged, fit
 
 DECODERS = ("gaussian", "linear")
 MISSING = ("mcar", "agnostic", "self-masking", "self-masking-known")
-# per-feature missing models can have x_m integrated out (less noisy weights); the others must sample it
-_PER_FEATURE = ("self-masking", "self-masking-known")
 # the fitted attributes scikit-learn's validate_data sets from the training data
 _INPUT_ATTRIBUTES = ("n_features_in_", "feature_names_in_")
 
@@ -111,8 +109,9 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
         if self.missing not in MISSING:
             raise ValueError(f"missing must be one of {MISSING}, got {self.missing!r}")
         factor = self.missing_factor
-        if factor == "auto":
-            factor = "integrated" if self.missing in _PER_FEATURE else "sampled"
+        if factor == "auto":  # per-feature missing models can have x_m integrated out (less noisy weights)
+            factor = "integrated" if build_missing_model(ModelConfig(n_features=1, missing=self.missing)).per_feature \
+                else "sampled"
         latent = max(n_features - 1, 1) if self.latent_dim is None else self.latent_dim
         return ModelConfig(n_features=n_features, latent_dim=latent, activation="tanh", encoder="mlp",
                            encoder_hidden=(self.hidden, self.hidden), decoder=self.decoder,

@@ -35,6 +35,16 @@ def bernoulli_log_prob(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor
 
 
 class MissingModel(nn.Module):
+    """p(s | x) as the logit of Pr(s_j = 1 | x) per feature: the bound scores masks as Bernoulli logits, so
+    another link (a probit, say) gives its logit.
+
+    A model whose logit_j depends on x_j alone sets `per_feature` and implements `feature_logits(x, features)`
+    (elementwise, `features` giving each value's column); x_m can then be integrated out over the decoder's
+    quadrature nodes, and where the logit is affine in x_j, `affine` and `feature_affine` give the Gaussian
+    decoder's fast path. A model that couples features overrides `logits(x)` on completed rows, and x_m is
+    sampled. `initialise` (optional) starts the parameters from the observed fractions.
+    """
+
     per_feature: bool = False
     #: True when logit_j is affine in x_j and `feature_affine` gives it (the Gaussian decoder's fast path)
     affine: bool = False

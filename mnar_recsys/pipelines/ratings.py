@@ -376,7 +376,7 @@ def _tuning_note(run: RatingsRun) -> str:
     tuned = [name for name in run.models if name in GRIDS]
     if not (run.tune_baselines and tuned):
         return ""
-    weighted = " (IPS-weighted for MF-IPS)" if {"mf-ips", "mf-ips-mask", "mf-ips-given"} & set(tuned) else ""
+    weighted = " (IPS-weighted for MF-IPS)" if set(IPSMatrixFactorization.NAMES.values()) & set(tuned) else ""
     return f" Hyper-parameters of {', '.join(tuned)} chosen for each seed on 10% of its train ratings held out{weighted}."
 
 
