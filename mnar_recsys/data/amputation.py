@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from baselines._dense_checks import standardisation
-
 
 def _check_data(X: np.ndarray) -> np.ndarray:
     X = np.asarray(X, dtype=np.float64)
@@ -63,7 +61,11 @@ def standardize(X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     overflows is refused (it would map to zeros too).
     """
     X = _check_data(X)
-    mean, sd = standardisation(X, "standardize")
+    mean, sd = X.mean(axis=0), X.std(axis=0)
+    overflowed = np.flatnonzero(~np.isfinite(sd))
+    if overflowed.size:
+        raise ValueError(f"features {overflowed.tolist()} are too large to standardise: their sd overflows float64")
+    sd = np.where(sd > 0, sd, 1.0)
     return (X - mean) / sd, mean, sd
 
 

@@ -170,7 +170,7 @@ def test_values_too_large_to_standardise_are_refused(name):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # NumPy's own overflow warning
             imputer.fit(X)
-    with pytest.raises(ValueError, match=r"column\(s\) \[1\] hold values too large"):  # the UCI protocol's scaling
+    with pytest.raises(ValueError, match=r"features \[1\] are too large to standardise"):  # the UCI protocol's scaling
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             standardize(np.nan_to_num(X))
