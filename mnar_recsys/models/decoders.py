@@ -95,6 +95,11 @@ class ObservationModel(nn.Module):
     def cdf(self, params: Params, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError(f"{type(self).__name__} has no CDF: the conditional median is not available")
 
+    @property
+    def has_cdf(self) -> bool:
+        """Whether the decoder gives its CDF, which the conditional median needs."""
+        return type(self).cdf is not ObservationModel.cdf
+
     def quadrature(self, params: Params) -> tuple[torch.Tensor, torch.Tensor]:
         """Nodes and log-weights, each (..., p, H), with E[f(x_j)] ≈ Σ_h exp(logw_h) f(node_h)."""
         raise NotImplementedError(f"{type(self).__name__} cannot integrate x_m out; use missing_factor='sampled'")

@@ -75,6 +75,22 @@ def test_each_decoder_trains_a_finite_bound_and_imputes(decoder, missing, values
         assert ((result.mean >= 0) & (result.mean <= 1)).all()
 
 
+def test_a_median_without_the_decoders_cdf_is_refused_before_any_sampling(monkeypatch):
+    """The Student-t gives no CDF, so its conditional median is refused up front, naming the way out; with
+    sampled_imputation='draws' the median is that of the weighted draws, which needs none."""
+    model = build_model(ModelConfig(n_features=4, latent_dim=2, encoder="mlp", decoder="student-t", squash=None,
+                                    missing="agnostic", missing_factor="sampled"))
+    rows = np.random.default_rng(0).standard_normal((6, 4))
+    rows[:, 0] = np.nan
+    monkeypatch.setattr(type(model), "sample", lambda *args, **kwargs: pytest.fail("sampled before refusing"))
+    with pytest.raises(ValueError, match="StudentTDecoder does not give.*sampled_imputation='draws'"):
+        impute(model, rows, methods=("median",), config=ImportanceConfig(n_samples=20))
+    monkeypatch.undo()
+    result = impute(model, rows, methods=("median",),
+                    config=ImportanceConfig(n_samples=20, sampled_imputation="draws"))
+    assert np.isfinite(result.median).all()
+
+
 def test_gaussian_mean_is_squashed_onto_the_rating_range_and_the_variance_floored():
     decoder = GaussianDecoder(latent_dim=2, n_features=3, hidden=(), squash=(1.0, 5.0), min_variance=1e-3)
     with torch.no_grad():
