@@ -9,6 +9,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from baselines._checks import check_ratings
+from baselines.autorec import AUTOREC_GRID, AutoRec
 from baselines.base import Recommender
 from baselines.constant import ConstantPredictor, TrainMean
 from baselines.ips import IPSMatrixFactorization
@@ -20,6 +21,7 @@ from baselines.selection import select_config
 _FACTORIES: dict[str, Callable[..., Recommender]] = {
     "mf": MatrixFactorization,
     "pmf": ProbabilisticMF,
+    "autorec": AutoRec,
     "mf-ips": lambda **kw: IPSMatrixFactorization("naive-bayes", **kw),
     "mf-ips-mask": lambda **kw: IPSMatrixFactorization("mask", **kw),
     "mf-ips-given": lambda **kw: IPSMatrixFactorization("given", **kw),
@@ -43,8 +45,8 @@ def make_baseline(name: str, **kwargs: object) -> Recommender:
 
 
 # the grid each tunable baseline's hyper-parameters are chosen from; the MF-IPS models share MF's
-GRIDS: dict[str, tuple[dict[str, float], ...]] = {"mf": MF_GRID, "pmf": PMF_GRID, "mf-ips": MF_GRID,
-                                                  "mf-ips-mask": MF_GRID, "mf-ips-given": MF_GRID}
+GRIDS: dict[str, tuple[dict[str, float], ...]] = {"mf": MF_GRID, "pmf": PMF_GRID, "autorec": AUTOREC_GRID,
+                                                  "mf-ips": MF_GRID, "mf-ips-mask": MF_GRID, "mf-ips-given": MF_GRID}
 
 
 def tune_baseline(name: str, train: sp.csr_matrix, *, seed: int = 0, mcar_sample: sp.csr_matrix | None = None,
