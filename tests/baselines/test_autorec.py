@@ -9,11 +9,11 @@ from mnar_recsys.evaluation.metrics import mse
 
 
 def test_recovers_low_rank_ratings_better_than_the_global_mean(mcar_data):
-    """Measured: MSE over all cells 0.31 against 1.85 for the train mean (0.42 at the default l2)."""
+    """Measured: MSE over all cells 0.25 with 100 hidden units against 1.85 for the train mean."""
     u, i, y = mcar_data.all_cells()
     train = mcar_data.train
     baseline = mse(y, np.full_like(y, train.data.mean()))
-    assert mse(y, AutoRec(l2=10.0).fit(train).predict(u, i)) < 0.3 * baseline
+    assert mse(y, AutoRec(hidden=100, l2=10.0).fit(train).predict(u, i)) < 0.25 * baseline
 
 
 def test_same_seed_same_fit_and_predictions_on_the_scale(mcar_data):
