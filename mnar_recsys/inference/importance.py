@@ -300,10 +300,6 @@ def log_likelihood(model: NotMIWAE, data: "np.ndarray | sp.spmatrix | RowSource"
     """Importance-sampling estimate of log p(x_o, s) per row (log p(x_o) for the MIWAE)."""
     config = config or ImportanceConfig()
     source = prepare_rows(model, data)
-    if "median" in methods and not _averages_draws(model, config) and not model.decoder.has_cdf:
-        raise ValueError(f"the conditional median needs the decoder's CDF, which {type(model.decoder).__name__} "
-                         "does not give: ask for 'mean' or 'multiple', or, with x_m sampled, "
-                         "sampled_imputation='draws'")
     device = resolve_device(config.device)
     model.to(device).eval()
     with seeded(config.seed, device):
