@@ -21,7 +21,7 @@ import scipy.sparse as sp
 import torch
 
 from baselines._checks import check_fitted, check_on_scale, check_pairs, check_ratings
-from mnar_recsys.checks import check_positive_integer
+from mnar_recsys.checks import check_positive_finite, check_positive_integer
 
 # the grid AutoRecConfig's default l2 was chosen on, and which `baselines.registry.tune_baseline` searches:
 # decades from 0.01 to 1000 (the paper searched 0.001, 0.01, 0.1, 1, 100 and 1000)
@@ -40,7 +40,7 @@ class AutoRecConfig:
     Attributes:
         hidden: hidden units (the paper's 500).
         l2: weight of the L2 penalty on the encoder and decoder weights (see the module docstring).
-        n_iters: L-BFGS iterations of the full-batch fit.
+        n_iters: L-BFGS iterations of the full-batch fit, at most (it stops sooner once the loss stops changing).
         history: L-BFGS memory, in (step, gradient change) pairs of the parameters' size each.
         rating_scale: predictions are clipped to this (low, high); None disables clipping.
         seed: seeds the initialisation.
@@ -72,8 +72,7 @@ class AutoRec:
         cfg = self.config
         for name in ("hidden", "n_iters", "history"):
             check_positive_integer(f"AutoRecConfig.{name}", getattr(cfg, name))
-        if not cfg.l2 > 0:
-            raise ValueError(f"AutoRecConfig.l2 must be > 0, got {cfg.l2!r}")
+        check_positive_finite("AutoRecConfig.l2", cfg.l2)
         train = check_ratings(train)
         check_on_scale(train, cfg.rating_scale)
         items = train.T.tocsr()  # one row per item, one column per user
@@ -87,10 +86,13 @@ class AutoRec:
         users_of_ratings = torch.from_numpy(items.indices).long()
 
         generator = torch.Generator().manual_seed(cfg.seed)
-        bound = n_users ** -0.5, cfg.hidden ** -0.5  # nn.Linear's uniform init for each layer's fan-in
-        encoder = ((2 * torch.rand(n_users, cfg.hidden, generator=generator) - 1) * bound[0]).requires_grad_()
+
+        def uniform(fan_in: int) -> torch.Tensor:  # nn.Linear's init, U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+            weights = (2 * torch.rand(n_users, cfg.hidden, generator=generator) - 1) * fan_in ** -0.5
+            return weights.requires_grad_()
+
+        encoder, decoder = uniform(n_users), uniform(cfg.hidden)
         code_bias = torch.zeros(cfg.hidden, requires_grad=True)
-        decoder = ((2 * torch.rand(n_users, cfg.hidden, generator=generator) - 1) * bound[1]).requires_grad_()
         # started at the train mean, so that the first steps fit the structure rather than the offset
         user_bias = torch.full((n_users,), float(train.data.mean()), requires_grad=True)
         params = [encoder, code_bias, decoder, user_bias]
@@ -98,21 +100,30 @@ class AutoRec:
         def codes() -> torch.Tensor:
             return torch.sigmoid(ratings @ encoder + code_bias)
 
+        def decoded(item_codes: torch.Tensor) -> torch.Tensor:
+            """w_u·h_i at the observed (item, user) entries only, in the ratings' stored order."""
+            return torch.sparse.sampled_addmm(ratings, item_codes, decoder.T, beta=0.0).values()
+
         optimiser = torch.optim.LBFGS(params, lr=1.0, max_iter=cfg.n_iters, history_size=cfg.history,
                                       line_search_fn="strong_wolfe")
 
         def closure() -> torch.Tensor:
             optimiser.zero_grad()
-            # w_u·h_i at the observed (item, user) entries only, in the ratings' stored order
-            fitted = torch.sparse.sampled_addmm(ratings, codes(), decoder.T, beta=0.0).values()
-            residual = fitted + user_bias[users_of_ratings] - ratings.values()
+            residual = decoded(codes()) + user_bias[users_of_ratings] - ratings.values()
             loss = residual.square().sum() + 0.5 * cfg.l2 * (encoder.square().sum() + decoder.square().sum())
             loss.backward()
             return loss
 
         optimiser.step(closure)
         with torch.no_grad():
-            self.item_codes = codes().numpy().astype(np.float64)
+            item_codes = codes()
+            # The biases are unpenalised, so given the weights each is exactly its user's mean residual. Set
+            # so: under a large l2, L-BFGS stops (the float32 loss no longer changes) before they get there.
+            residual_sum = torch.zeros(n_users).index_add_(0, users_of_ratings, ratings.values() - decoded(item_codes))
+            counts = torch.bincount(users_of_ratings, minlength=n_users)
+            rated = counts > 0
+            user_bias[rated] = residual_sum[rated] / counts[rated]
+        self.item_codes = item_codes.numpy().astype(np.float64)
         self.user_weights = decoder.detach().numpy().astype(np.float64)
         self.user_bias = user_bias.detach().numpy().astype(np.float64)
         return self

@@ -153,10 +153,11 @@ def impute(model: NotMIWAE, data: "np.ndarray | sp.spmatrix | RowSource", rows: 
     if _averages_draws(model, config) and getattr(model.decoder, "support", None) is not None:
         raise ValueError(f"sampled_imputation='draws' needs a continuous decoder: {type(model.decoder).__name__}'s "
                          "draws are relaxed, off its levels")
-    if "median" in methods and not _averages_draws(model, config) and not model.decoder.has_cdf:
+    if "median" in methods and not model.decoder.has_cdf and (not _averages_draws(model, config)
+                                                              or _any_observed(source, rows, cols)):
         raise ValueError(f"the conditional median needs the decoder's CDF, which {type(model.decoder).__name__} "
                          "does not give: ask for 'mean' or 'multiple', or, with x_m sampled, "
-                         "sampled_imputation='draws'")
+                         "sampled_imputation='draws' at missing targets only (an observed one has no draw)")
     device = resolve_device(config.device)
     model.to(device).eval()
     with seeded(config.seed, device):
@@ -200,6 +201,16 @@ def _all_missing(source: RowSource) -> tuple[np.ndarray, np.ndarray]:
     if not rows:  # no rows, no targets
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     return np.concatenate(rows), np.concatenate(cols)
+
+
+def _any_observed(source: RowSource, rows: np.ndarray, cols: np.ndarray) -> bool:
+    """Whether any target (rows[i], cols[i]) is an observed entry."""
+    for start in range(0, rows.size, 1024):
+        chunk_rows, chunk_cols = rows[start:start + 1024], cols[start:start + 1024]
+        unique, position = np.unique(chunk_rows, return_inverse=True)
+        if bool(source.batch(unique).mask[position, chunk_cols].any()):
+            return True
+    return False
 
 
 def _sample_counts(model: NotMIWAE, batch: RowBatch, config: ImportanceConfig, n_targets: int = 0):

@@ -85,10 +85,11 @@ def test_a_median_without_the_decoders_cdf_is_refused_before_any_sampling(monkey
     monkeypatch.setattr(type(model), "sample", lambda *args, **kwargs: pytest.fail("sampled before refusing"))
     with pytest.raises(ValueError, match="StudentTDecoder does not give.*sampled_imputation='draws'"):
         impute(model, rows, methods=("median",), config=ImportanceConfig(n_samples=20))
+    draws = ImportanceConfig(n_samples=20, sampled_imputation="draws")
+    with pytest.raises(ValueError, match="missing targets only"):  # (0, 1) is observed: no draw to take there
+        impute(model, rows, np.array([0, 0]), np.array([0, 1]), methods=("median",), config=draws)
     monkeypatch.undo()
-    result = impute(model, rows, methods=("median",),
-                    config=ImportanceConfig(n_samples=20, sampled_imputation="draws"))
-    assert np.isfinite(result.median).all()
+    assert np.isfinite(impute(model, rows, methods=("median",), config=draws).median).all()
 
 
 def test_gaussian_mean_is_squashed_onto_the_rating_range_and_the_variance_floored():
