@@ -46,7 +46,7 @@ from mnar_recsys.checks import check_positive_finite
 
 DATASETS = ("synthetic", "coat", "yahoo")
 DEFAULT_MODELS = ("notmiwae-gaussian", "notmiwae-categorical", "notmiwae-categorical-activity", "miwae-gaussian", "mf",
-                  "pmf", "mf-ips")
+                  "pmf", "autorec", "mf-ips")
 UNSEEDED = frozenset({"constant-2", "train-mean"})  # deterministic baselines: no seed argument
 ESTIMATOR_MODEL = "notmiwae-gaussian"  # the model the --estimator-k study re-imputes
 SYNTHETIC_ONLY = ("users", "items", "test_users", "data_seed", "selection")  # RatingsRun fields of the simulator
