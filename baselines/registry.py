@@ -36,7 +36,7 @@ def make_baseline(name: str, **kwargs: object) -> Recommender:
     """Instantiate the baseline called ``name`` (one of ``BASELINES``) with keyword hyper-parameters.
 
     Keywords go to the model's constructor: config fields (``n_factors``, ``l2``, ``seed``, ...) for the
-    factorisation models, ``mcar_sample`` for ``mf-ips``, ``propensities`` for ``mf-ips-given``,
+    factorisation models and AutoRec, ``mcar_sample`` for ``mf-ips``, ``propensities`` for ``mf-ips-given``,
     ``rating_scale`` for the constants.
     """
     if name not in _FACTORIES:

@@ -370,5 +370,5 @@ def test_tune_baselines_chooses_each_seeds_hyper_parameters_on_its_train_ratings
 
 def test_tune_baselines_without_a_tunable_model_is_refused(tmp_path, capsys):
     assert main(["ratings", "--models", "constant-2,oracle", "--tune-baselines", "--out", str(tmp_path)]) == 2
-    assert "--tune-baselines tunes mf, pmf, mf-ips, mf-ips-mask, mf-ips-given: add one of them to --models" \
+    assert "--tune-baselines tunes mf, pmf, autorec, mf-ips, mf-ips-mask, mf-ips-given: add one of them to --models" \
         in capsys.readouterr().err
