@@ -56,7 +56,7 @@ def tune_baseline(name: str, train: sp.csr_matrix, *, seed: int = 0, mcar_sample
     trains with: (the chosen keywords, every (keywords, validation score) tried). Other `kwargs` (e.g.
     rating_scale, min_relative) go to every model built.
 
-    MF and PMF are scored by their held-out MSE, as their defaults were chosen. The held-out ratings are
+    MF, PMF and AutoRec are scored by their held-out MSE, as their defaults were chosen. The held-out ratings are
     MNAR like the rest, so the MF-IPS models are scored by its IPS estimate, each held-out squared error
     weighted by 1 / the propensity the model trains with (Naive-Bayes from the train ratings and the MCAR
     sample; the mask model's, fitted to the whole train mask, for mf-ips-mask; the given matrix's, passed as

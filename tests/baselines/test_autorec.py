@@ -48,13 +48,14 @@ def test_a_light_penalty_fits_the_train_ratings_closely(mcar_data):
 
 
 def test_a_user_without_train_ratings_is_predicted_the_train_mean(mcar_data):
-    """Its decoder weights feel the penalty alone, which takes them to zero, and its bias keeps its start."""
+    """Its decoder row feels the penalty alone, so its optimum is zero, which the fit sets once L-BFGS stops
+    (measured before that: 0.044 off the train mean at l2 = 0.01), and its bias keeps its start."""
     train = mcar_data.train[:60, :40].tolil()
     train[5, :] = 0
     train = train.tocsr()
     train.eliminate_zeros()
-    model = AutoRec(hidden=16).fit(train)
-    np.testing.assert_allclose(model.predict(np.full(40, 5), np.arange(40)), train.data.mean(), atol=1e-3)
+    model = AutoRec(hidden=16, l2=0.01).fit(train)
+    np.testing.assert_allclose(model.predict(np.full(40, 5), np.arange(40)), train.data.mean(), rtol=1e-6)
 
 
 def test_bad_input_is_refused():
