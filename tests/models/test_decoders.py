@@ -77,7 +77,8 @@ def test_each_decoder_trains_a_finite_bound_and_imputes(decoder, missing, values
 
 def test_a_median_without_the_decoders_cdf_is_refused_before_any_sampling(monkeypatch):
     """The Student-t gives no CDF, so its conditional median is refused up front, naming the way out; with
-    sampled_imputation='draws' the median is that of the weighted draws, which needs none."""
+    sampled_imputation='draws' the median at missing targets is that of the weighted draws, which needs none,
+    and an observed target, which has no draw, is refused up front too."""
     model = build_model(ModelConfig(n_features=4, latent_dim=2, encoder="mlp", decoder="student-t", squash=None,
                                     missing="agnostic", missing_factor="sampled"))
     rows = np.random.default_rng(0).standard_normal((6, 4))
