@@ -20,7 +20,7 @@ import scipy.sparse as sp
 
 from baselines._als import ridge_rows
 from baselines._checks import check_fitted, check_on_scale, check_pairs, check_ratings, check_sample_weight
-from mnar_recsys.checks import check_positive_integer
+from mnar_recsys.checks import check_positive_finite, check_positive_integer
 
 
 # the grid MFConfig's defaults were chosen on, and which `baselines.registry.tune_baseline` searches
@@ -82,8 +82,7 @@ class MatrixFactorization:
         cfg = self.config
         for name in ("n_factors", "n_iters"):
             check_positive_integer(f"MFConfig.{name}", getattr(cfg, name))
-        if not cfg.l2 > 0:
-            raise ValueError(f"MFConfig.l2 must be > 0, got {cfg.l2!r}")
+        check_positive_finite("MFConfig.l2", cfg.l2)
         train = check_ratings(train, keep_order=sample_weight is not None)
         check_on_scale(train, cfg.rating_scale)
         n_users, n_items = train.shape

@@ -17,7 +17,7 @@ import scipy.sparse as sp
 
 from baselines._als import ridge_rows
 from baselines._checks import check_fitted, check_on_scale, check_pairs, check_ratings
-from mnar_recsys.checks import check_positive_integer
+from mnar_recsys.checks import check_positive_finite, check_positive_integer
 
 
 # the grid PMFConfig's defaults were chosen on, and which `baselines.registry.tune_baseline` searches
@@ -72,8 +72,7 @@ class ProbabilisticMF:
         for name in ("n_factors", "n_iters"):
             check_positive_integer(f"PMFConfig.{name}", getattr(cfg, name))
         for name in ("lambda_u", "lambda_v"):
-            if not getattr(cfg, name) > 0:
-                raise ValueError(f"PMFConfig.{name} must be > 0, got {getattr(cfg, name)!r}")
+            check_positive_finite(f"PMFConfig.{name}", getattr(cfg, name))
         train = check_ratings(train)
         check_on_scale(train, cfg.rating_scale)
         mu = float(train.data.mean())

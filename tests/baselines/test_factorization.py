@@ -33,6 +33,16 @@ def test_config_and_overrides_agree():
         MatrixFactorization(not_a_field=1)
 
 
+@pytest.mark.parametrize("model, penalty", [(MatrixFactorization, "l2"), (ProbabilisticMF, "lambda_u"),
+                                            (ProbabilisticMF, "lambda_v")])
+@pytest.mark.parametrize("value", [0.0, float("inf"), True])
+def test_a_penalty_must_be_positive_and_finite(model, penalty, value):
+    """An infinite penalty had fitted and predicted NaN everywhere; True had fitted as 1."""
+    train = sp.csr_matrix(np.array([[1.0, 0.0, 3.0], [0.0, 5.0, 2.0]]))
+    with pytest.raises(ValueError, match=f"{penalty} must be positive and finite"):
+        model(**{penalty: value}).fit(train)
+
+
 def test_sample_weight_changes_the_fit(mcar_data):
     train = mcar_data.train
     u, i, _ = mcar_data.all_cells()
