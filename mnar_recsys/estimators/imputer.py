@@ -8,7 +8,6 @@ the original units.
 
 from __future__ import annotations
 
-
 import numpy as np
 from numpy.typing import ArrayLike
 from sklearn.base import BaseEstimator, OneToOneFeatureMixin, TransformerMixin

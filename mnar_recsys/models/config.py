@@ -6,8 +6,8 @@ from dataclasses import asdict, dataclass, fields
 
 from torch import nn
 
-from mnar_recsys.models import decoders, encoders, missing
 from mnar_recsys.checks import check_positive_finite, check_positive_integer, is_integer, is_positive_integer
+from mnar_recsys.models import decoders, encoders, missing
 from mnar_recsys.models.notmiwae import NotMIWAE
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh}

@@ -25,6 +25,7 @@ from baselines.base import Recommender
 from baselines.constant import ConstantPredictor
 from baselines.ips import IPSMatrixFactorization
 from baselines.registry import BASELINES, GRIDS, make_baseline, tune_baseline
+from mnar_recsys.checks import check_positive_finite
 from mnar_recsys.data import (RatingsData, SimulatorConfig, load_coat, load_coat_propensities, load_yahoo_r3,
                               simulate_ratings)
 from mnar_recsys.data.simulator import SELECTIONS
@@ -42,7 +43,6 @@ from mnar_recsys.pipelines.workers import run_tasks
 from mnar_recsys.training import distributed
 from mnar_recsys.training.distributed import BACKENDS
 from mnar_recsys.training.trainer import TrainConfig
-from mnar_recsys.checks import check_positive_finite
 
 DATASETS = ("synthetic", "coat", "yahoo")
 DEFAULT_MODELS = ("notmiwae-gaussian", "notmiwae-categorical", "notmiwae-categorical-activity", "miwae-gaussian", "mf",

@@ -21,6 +21,7 @@ import torch
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
+from mnar_recsys.checks import check_positive_finite
 from mnar_recsys.pipelines.arguments import (TORCH_MAX_SEED, add_config_options, check_counts, check_device_option,
                                                 check_output_folder, check_seeds,
                                                 config_from_options, option)
@@ -34,7 +35,6 @@ from mnar_recsys.models.config import ModelConfig, build_model
 from mnar_recsys.models.missing import MCAR
 from mnar_recsys.models.notmiwae import NotMIWAE
 from mnar_recsys.training.trainer import TrainConfig, fit
-from mnar_recsys.checks import check_positive_finite
 
 MODELS = ("notmiwae", "miwae")
 OUTPUTS = ("results.json", "results.md", "histograms.png", "images.png")

@@ -19,12 +19,12 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
+from mnar_recsys.checks import check_positive_finite, check_positive_integer
 from mnar_recsys.data.rows import RowSource, as_rows
 from mnar_recsys.devices import resolve_device
 from mnar_recsys.models.notmiwae import NotMIWAE
 from mnar_recsys.training import distributed
 from mnar_recsys.training.seeds import step_seed
-from mnar_recsys.checks import check_positive_finite, check_positive_integer
 
 
 @dataclass
