@@ -108,21 +108,23 @@ class IPSMatrixFactorization(MatrixFactorization):
         """
         train = check_ratings(train)
         check_on_scale(train, self.config.rating_scale)  # before the propensity model, the slow part
+        self.train_propensities = self._estimate_propensities(train, mcar_sample)
+        return super().fit(train, sample_weight=1.0 / self.train_propensities)
+
+    def _estimate_propensities(self, train: sp.csr_matrix, mcar_sample: sp.csr_matrix | None) -> np.ndarray:
+        """P(O_ui = 1) of each stored rating of ``train`` (checked CSR), aligned with ``train.data``."""
         if mcar_sample is not None and self.propensity != "naive-bayes":
             raise ValueError(f"the {self.propensity!r} variant uses no MCAR data; do not pass mcar_sample")
         if self.propensity == "naive-bayes":
             sample = mcar_sample if mcar_sample is not None else self.mcar_sample
             if sample is None:
-                raise ValueError("mf-ips needs an MCAR sample: pass mcar_sample to the constructor or fit()")
+                raise ValueError(f"{self.name} needs an MCAR sample: pass mcar_sample to the constructor or fit()")
             if sample.shape != train.shape:
                 raise ValueError(f"mcar_sample shape {sample.shape} != train shape {train.shape}")
-            p = naive_bayes_propensities(train, sample, min_relative=self.min_relative)(train.data)
-        elif self.propensity == "given":
+            return naive_bayes_propensities(train, sample, min_relative=self.min_relative)(train.data)
+        if self.propensity == "given":
             if self.propensities.shape != train.shape:
                 raise ValueError(f"propensities shape {self.propensities.shape} != train shape {train.shape}")
             entries = train.tocoo()
-            p = self.propensities[entries.row, entries.col]  # CSR order, as train.data
-        else:
-            p = mask_propensities(train, self.mask_config)
-        self.train_propensities = p
-        return super().fit(train, sample_weight=1.0 / p)
+            return self.propensities[entries.row, entries.col]  # CSR order, as train.data
+        return mask_propensities(train, self.mask_config)

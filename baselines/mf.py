@@ -119,14 +119,15 @@ class MatrixFactorization:
         """Predicted ratings for the (users[k], items[k]) pairs, clipped to ``rating_scale``. A user or item
         with no train rating keeps zero factors and bias, so it is predicted the train mean plus the other's
         bias."""
-        check_fitted(self, "user_factors")
-        u, i = check_pairs(users, items, (len(self.user_bias), len(self.item_bias)))
-        pred = (
-            self.global_mean
-            + self.user_bias[u]
-            + self.item_bias[i]
-            + np.einsum("kf,kf->k", self.user_factors[u], self.item_factors[i])
-        )
+        pred = self.predict_unclipped(users, items)
         if self.config.rating_scale is not None:
             pred = np.clip(pred, *self.config.rating_scale)
         return pred
+
+    def predict_unclipped(self, users: np.ndarray, items: np.ndarray) -> np.ndarray:
+        """mu + b_u + b_i + p_u·q_i for the (users[k], items[k]) pairs, before clipping: the low-rank form
+        that MF-DR's targets read the imputation model in."""
+        check_fitted(self, "user_factors")
+        u, i = check_pairs(users, items, (len(self.user_bias), len(self.item_bias)))
+        return (self.global_mean + self.user_bias[u] + self.item_bias[i]
+                + np.einsum("kf,kf->k", self.user_factors[u], self.item_factors[i]))

@@ -12,6 +12,7 @@ from baselines._checks import check_ratings
 from baselines.autorec import AUTOREC_GRID, AutoRec
 from baselines.base import Recommender
 from baselines.constant import ConstantPredictor, TrainMean
+from baselines.dr import DoublyRobustMF
 from baselines.ips import IPSMatrixFactorization
 from baselines.mf import MF_GRID, MatrixFactorization
 from baselines.pmf import PMF_GRID, ProbabilisticMF
@@ -25,6 +26,9 @@ _FACTORIES: dict[str, Callable[..., Recommender]] = {
     "mf-ips": lambda **kw: IPSMatrixFactorization("naive-bayes", **kw),
     "mf-ips-mask": lambda **kw: IPSMatrixFactorization("mask", **kw),
     "mf-ips-given": lambda **kw: IPSMatrixFactorization("given", **kw),
+    "mf-dr": lambda **kw: DoublyRobustMF("naive-bayes", **kw),
+    "mf-dr-mask": lambda **kw: DoublyRobustMF("mask", **kw),
+    "mf-dr-given": lambda **kw: DoublyRobustMF("given", **kw),
     "constant-2": lambda **kw: ConstantPredictor(2.0, **kw),
     "train-mean": TrainMean,
 }
@@ -44,23 +48,24 @@ def make_baseline(name: str, **kwargs: object) -> Recommender:
     return _FACTORIES[name](**kwargs)
 
 
-# the grid each tunable baseline's hyper-parameters are chosen from; the MF-IPS models share MF's
-GRIDS: dict[str, tuple[dict[str, float], ...]] = {"mf": MF_GRID, "pmf": PMF_GRID, "autorec": AUTOREC_GRID,
-                                                  "mf-ips": MF_GRID, "mf-ips-mask": MF_GRID, "mf-ips-given": MF_GRID}
+# the grid each tunable baseline's hyper-parameters are chosen from; the MF-IPS and MF-DR models share MF's
+GRIDS: dict[str, tuple[dict[str, float], ...]] = {
+    "mf": MF_GRID, "pmf": PMF_GRID, "autorec": AUTOREC_GRID,
+    **{name: MF_GRID for name in ("mf-ips", "mf-ips-mask", "mf-ips-given", "mf-dr", "mf-dr-mask", "mf-dr-given")}}
 
 
 def tune_baseline(name: str, train: sp.csr_matrix, *, seed: int = 0, mcar_sample: sp.csr_matrix | None = None,
                   fraction: float = 0.1, **kwargs: Any) -> tuple[dict, list[tuple[dict, float]]]:
     """Choose baseline `name`'s hyper-parameters from ``GRIDS[name]`` on a held-out `fraction` of the
-    `train` ratings (drawn with `seed`), never on MCAR test ratings beyond the `mcar_sample` that mf-ips
-    trains with: (the chosen keywords, every (keywords, validation score) tried). Other `kwargs` (e.g.
+    `train` ratings (drawn with `seed`), never on MCAR test ratings beyond the `mcar_sample` that mf-ips and
+    mf-dr train with: (the chosen keywords, every (keywords, validation score) tried). Other `kwargs` (e.g.
     rating_scale, min_relative) go to every model built.
 
     MF, PMF and AutoRec are scored by their held-out MSE, as their defaults were chosen. The held-out ratings are
-    MNAR like the rest, so the MF-IPS models are scored by its IPS estimate, each held-out squared error
-    weighted by 1 / the propensity the model trains with (Naive-Bayes from the train ratings and the MCAR
-    sample; the mask model's, fitted to the whole train mask, for mf-ips-mask; the given matrix's, passed as
-    ``propensities``, for mf-ips-given), as Schnabel et al. (2016) select them.
+    MNAR like the rest, so the MF-IPS and MF-DR models are scored by its IPS estimate, each held-out squared
+    error weighted by 1 / the propensity the model trains with (Naive-Bayes from the train ratings and the
+    MCAR sample; the mask model's, fitted to the whole train mask, for the -mask variants; the given
+    matrix's, passed as ``propensities``, for the -given ones), as Schnabel et al. (2016) select them.
     """
     if name not in _FACTORIES:
         raise ValueError(f"unknown baseline {name!r}; choose from {', '.join(BASELINES)}")
@@ -69,17 +74,18 @@ def tune_baseline(name: str, train: sp.csr_matrix, *, seed: int = 0, mcar_sample
     train = check_ratings(train)
     model = make_baseline(name, seed=seed, **kwargs)  # its propensity settings weigh the held-out ratings
     fit_kwargs, weigh = {}, None
-    if name == "mf-ips":
+    kind = getattr(model, "propensity", None)
+    if kind == "naive-bayes":
         if mcar_sample is None:
-            raise ValueError("tuning mf-ips needs the MCAR sample it trains with: pass mcar_sample")
+            raise ValueError(f"tuning {name} needs the MCAR sample it trains with: pass mcar_sample")
         fit_kwargs = {"mcar_sample": mcar_sample}
         propensity = naive_bayes_propensities(train, mcar_sample, min_relative=model.min_relative)
 
         def weigh_by_rating(held: sp.csr_matrix) -> np.ndarray:
             return 1.0 / propensity(held.data)
         weigh = weigh_by_rating
-    elif name in ("mf-ips-mask", "mf-ips-given"):
-        if name == "mf-ips-mask":  # mask_propensities keeps this fit for the final model's
+    elif kind in ("mask", "given"):
+        if kind == "mask":  # mask_propensities keeps this fit for the final model's
             propensities = train.copy()
             propensities.data = mask_propensities(train, model.mask_config)
         else:

@@ -1,7 +1,7 @@
 """The MCAR evaluation protocol for rating models trained on self-selected (MNAR) ratings.
 
 Per seed, 5% of the MCAR test ratings are drawn once (``split_mcar_sample``) for the models that need
-an MCAR sample (MF-IPS's Naive-Bayes propensities) and left out of scoring for every model, so all
+an MCAR sample (the Naive-Bayes propensities of MF-IPS and MF-DR) and left out of scoring for every model, so all
 models of a seed are scored on the same entries.
 """
 
@@ -22,7 +22,7 @@ from mnar_recsys.evaluation.metrics import mae, mse, ndcg_at_k, per_rating_error
 MCAR_SAMPLE_FRACTION = 0.05
 NDCG_K = 5
 # models whose fit takes the MCAR sample (fit(train, mcar_sample=...))
-USES_MCAR_SAMPLE = frozenset({"mf-ips"})
+USES_MCAR_SAMPLE = frozenset({"mf-ips", "mf-dr"})
 
 
 @dataclass

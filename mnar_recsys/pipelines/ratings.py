@@ -1,6 +1,6 @@
 """`mnar-recsys ratings`: not-MIWAE vs baselines on MNAR ratings, scored on MCAR test ratings.
 
-For every seed the MCAR sample for MF-IPS is drawn once and left out of scoring for all models
+For every seed the MCAR sample for MF-IPS and MF-DR is drawn once and left out of scoring for all models
 (``mnar_recsys.evaluation.protocol``). Writes results.json (one record per model and seed),
 results.md, a histogram of predictions against the MCAR truth, per-rating MSE bars and, for the
 not-MIWAE and MIWAE models, their training curves.
@@ -23,6 +23,7 @@ import torch
 
 from baselines.base import Recommender
 from baselines.constant import ConstantPredictor
+from baselines.dr import DoublyRobustMF
 from baselines.ips import IPSMatrixFactorization
 from baselines.registry import BASELINES, GRIDS, make_baseline, tune_baseline
 from mnar_recsys.checks import check_positive_finite
@@ -46,8 +47,9 @@ from mnar_recsys.training.trainer import TrainConfig
 
 DATASETS = ("synthetic", "coat", "yahoo")
 DEFAULT_MODELS = ("notmiwae-gaussian", "notmiwae-categorical", "notmiwae-categorical-activity", "miwae-gaussian", "mf",
-                  "pmf", "autorec", "mf-ips")
+                  "pmf", "autorec", "mf-ips", "mf-dr")
 UNSEEDED = frozenset({"constant-2", "train-mean"})  # deterministic baselines: no seed argument
+GIVEN_PROPENSITIES = frozenset({"mf-ips-given", "mf-dr-given"})  # models that read Coat's propensities file
 ESTIMATOR_MODEL = "notmiwae-gaussian"  # the model the --estimator-k study re-imputes
 SYNTHETIC_ONLY = ("users", "items", "test_users", "data_seed", "selection")  # RatingsRun fields of the simulator
 OUTPUTS = ("results.json", "results.md", "predictions_histogram.png", "per_rating_mse.png", "training_curves.png")
@@ -95,8 +97,9 @@ class RatingsRun:
             raise ValueError(f"unknown models {unknown}; choose from {', '.join(sorted(known))}")
         if "oracle" in self.models and self.data != "synthetic":
             raise ValueError("the oracle is only known on --data synthetic")
-        if "mf-ips-given" in self.models and self.data != "coat":
-            raise ValueError("mf-ips-given takes the propensities Coat ships with: use it with --data coat")
+        given = [m for m in self.models if m in GIVEN_PROPENSITIES]
+        if given and self.data != "coat":
+            raise ValueError(f"{given[0]} takes the propensities Coat ships with: use it with --data coat")
         if self.data == "synthetic" and self.data_dir:
             raise ValueError("--data synthetic reads no files: leave out --data-dir, or choose --data coat or yahoo")
         if not self.seeds:
@@ -186,8 +189,8 @@ def build(name: str, run: RatingsRun, data: RatingsData, seed: int, progress: bo
 
 
 def given_propensities(name: str, run: RatingsRun) -> dict[str, Any]:
-    """The keywords that hand mf-ips-given Coat's own propensities; none for other models."""
-    return {"propensities": load_coat_propensities(run.data_dir)} if name == "mf-ips-given" else {}
+    """The keywords that hand mf-ips-given and mf-dr-given Coat's own propensities; none for other models."""
+    return {"propensities": load_coat_propensities(run.data_dir)} if name in GIVEN_PROPENSITIES else {}
 
 
 def tune(name: str, split: MCARSplit, run: RatingsRun, rating_scale: tuple[float, float]) -> dict[str, Any]:
@@ -359,7 +362,7 @@ def report(data: RatingsData, run: RatingsRun, table: str, estimator: list[dict[
         lines += [f"**Incomplete**: {unfinished} of the {len(run.seeds) * len(run.models)} (seed, model) runs are not "
                   "in it yet; this file is rewritten as each finishes, and the figures come at the end.", ""]
     lines += [f"{data.n_users} users x {data.n_items} items, {data.train.nnz} MNAR train ratings, "
-              f"{data.test.nnz} MCAR test ratings (5% per seed held out for MF-IPS and not scored). "
+              f"{data.test.nnz} MCAR test ratings (5% per seed held out for MF-IPS and MF-DR and not scored). "
               f"Seeds {', '.join(map(str, run.seeds))}; not-MIWAE iterations {run.iterations}, lr {run.lr}, "
               f"importance samples {run.importance_samples}{_subsampling_note(run)}.{_tuning_note(run)} "
               "Mean ± sd over seeds; NDCG@5 with gain 2^r - 1.", "", table]
@@ -376,7 +379,8 @@ def _tuning_note(run: RatingsRun) -> str:
     tuned = [name for name in run.models if name in GRIDS]
     if not (run.tune_baselines and tuned):
         return ""
-    weighted = " (IPS-weighted for MF-IPS)" if set(IPSMatrixFactorization.NAMES.values()) & set(tuned) else ""
+    propensity_models = set(IPSMatrixFactorization.NAMES.values()) | set(DoublyRobustMF.NAMES.values())
+    weighted = " (IPS-weighted for MF-IPS and MF-DR)" if propensity_models & set(tuned) else ""
     return f" Hyper-parameters of {', '.join(tuned)} chosen for each seed on 10% of its train ratings held out{weighted}."
 
 
@@ -449,7 +453,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="torch CPU threads (default: torch's choice; 1 is fastest on a busy machine)")
     parser.add_argument("--tune-baselines", action="store_true",
                         help=f"choose the hyper-parameters of {', '.join(GRIDS)} for each seed on 10%% "
-                             "of its train ratings held out (IPS-weighted for the MF-IPS models), never on the "
+                             "of its train ratings held out (IPS-weighted for the MF-IPS and MF-DR models), never on the "
                              "scored MCAR ratings (default: keep those chosen on Coat's train ratings)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars or per-model lines")
     parser.set_defaults(run=_run)

@@ -5,15 +5,15 @@ from baselines.registry import BASELINES, make_baseline
 
 
 def test_names_cover_the_brief():
-    assert set(BASELINES) == {"mf", "pmf", "autorec", "mf-ips", "mf-ips-mask", "mf-ips-given", "constant-2",
-                              "train-mean"}
+    assert set(BASELINES) == {"mf", "pmf", "autorec", "mf-ips", "mf-ips-mask", "mf-ips-given", "mf-dr", "mf-dr-mask",
+                              "mf-dr-given", "constant-2", "train-mean"}
 
 
 @pytest.mark.parametrize("name", BASELINES)
 def test_every_baseline_fits_and_predicts_through_the_registry(name, mnar_data):
-    kwargs = {"mf-ips": {"mcar_sample": mnar_data.mcar_test(0.02, seed=0)},
-              "mf-ips-given": {"propensities": mnar_data.propensity}}.get(name, {})
-    if name in ("mf", "pmf", "autorec", "mf-ips", "mf-ips-mask", "mf-ips-given"):
+    sample, given = {"mcar_sample": mnar_data.mcar_test(0.02, seed=0)}, {"propensities": mnar_data.propensity}
+    kwargs = {"mf-ips": sample, "mf-ips-given": given, "mf-dr": sample, "mf-dr-given": given}.get(name, {})
+    if name not in ("constant-2", "train-mean"):
         kwargs["seed"] = 1
     model = make_baseline(name, **kwargs)
     assert model.name == name

@@ -82,6 +82,7 @@ def test_cli_refuses_bad_requests(tmp_path, capsys):
     (["--data-seed", "-2"], "--data-seed must lie in 0..4294967295, got -2"),
     (["--data-dir", "/nonexistent"], "--data synthetic reads no files"),
     (["--models", "mf-ips-given"], "mf-ips-given takes the propensities Coat ships with: use it with --data coat"),
+    (["--models", "mf,mf-dr-given"], "mf-dr-given takes the propensities Coat ships with: use it with --data coat"),
     (["--items", "20"], "--users 2000 --items 20: the simulator refuses them (n_items (20) must exceed"),
     (["--models", ","], "expected comma-separated model names, got ','"),
     (["--models", "mf", "--estimator-k", "10"], "--estimator-k re-imputes notmiwae-gaussian: add it to --models"),
@@ -107,7 +108,7 @@ def test_every_model_predicts_on_the_data_sets_rating_scale():
     data = dataclasses.replace(data, train=data.train * 2, test=data.test * 2, rating_scale=(0, 10), truth=None)
     split = mcar_split(data, seed=0)
     run = RatingsRun(users=200, items=40, iterations=30, lr=1e-2, importance_samples=20)
-    for name in ("notmiwae-gaussian", "notmiwae-categorical", "mf", "pmf", "mf-ips", "mf-ips-mask"):
+    for name in ("notmiwae-gaussian", "notmiwae-categorical", "mf", "pmf", "mf-ips", "mf-ips-mask", "mf-dr"):
         _, predictions = fit_and_score(build(name, run, data, seed=0, progress=False), split)
         assert predictions.min() >= 0 and predictions.max() <= 10, name
         assert predictions.max() > 5.5, (name, predictions.max())
@@ -282,12 +283,14 @@ def test_cli_unobserved_samples_is_recorded(tmp_path, capsys):
 
 def test_baseline_records_keep_their_propensity_settings_and_the_constants_value(tmp_path):
     out = tmp_path / "run"
-    assert small_run(out, "--models", "mf-ips,mf-ips-mask,constant-2,train-mean") == 0
+    assert small_run(out, "--models", "mf-ips,mf-ips-mask,mf-dr,constant-2,train-mean") == 0
     records = {r["model"]: r["config"] for r in json.loads((out / "results.json").read_text())["records"]}
     assert records["mf-ips"]["model"]["propensities"] == {"estimator": "naive-bayes", "min_relative": 0.1}
     mask = records["mf-ips-mask"]["model"]["propensities"]
     assert mask["estimator"] == "mask" and mask["regularization"] == 3.0 and mask["factors"] == 30
     assert records["mf-ips-mask"]["model"]["l2"] == records["mf-ips"]["model"]["l2"]  # the MF settings stay
+    assert records["mf-dr"]["model"]["propensities"] == records["mf-ips"]["model"]["propensities"]
+    assert records["mf-dr"]["model"]["l2"] == 0.5
     assert records["constant-2"]["model"] == {"value": 2.0, "rating_scale": [1.0, 5.0]}
     assert 1 < records["train-mean"]["model"]["value"] < 5
     # the simulator's default test users, resolved, and the MCAR sample's share
@@ -370,5 +373,5 @@ def test_tune_baselines_chooses_each_seeds_hyper_parameters_on_its_train_ratings
 
 def test_tune_baselines_without_a_tunable_model_is_refused(tmp_path, capsys):
     assert main(["ratings", "--models", "constant-2,oracle", "--tune-baselines", "--out", str(tmp_path)]) == 2
-    assert "--tune-baselines tunes mf, pmf, autorec, mf-ips, mf-ips-mask, mf-ips-given: add one of them to --models" \
-        in capsys.readouterr().err
+    assert ("--tune-baselines tunes mf, pmf, autorec, mf-ips, mf-ips-mask, mf-ips-given, mf-dr, mf-dr-mask, "
+            "mf-dr-given: add one of them to --models") in capsys.readouterr().err

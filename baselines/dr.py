@@ -1,0 +1,100 @@
+"""MF-DR: biased MF trained on the doubly robust estimate of its squared error over every cell (Dudík et
+al., 2011; for ratings Wang, Zhang, Sun & Qi, ICML 2019).
+
+Two biased MFs of ``baselines.mf``'s form: the imputation model r̃, fitted first as MF-IPS with the same
+propensities and settings, and the prediction model r̂. A cell's error is e = (r̂ - r)^2 and its imputed
+error ê = (r̂ - r̃)^2, the squared gap to the imputation model's rating (the form of Guo et al., 2021). The
+prediction model minimises the DR loss
+
+    sum_all cells [ê + o (e - ê) / p]  +  l2 x (cells per row or column) x its squared parameters,
+
+which is unbiased for the squared error over all cells when either the propensities p or the imputed
+errors are right. With r̃ fixed, e and ê are squares in r̂ whose coefficients add up to 1 in every cell, so
+the loss is sum_all (r̂ - t)^2 up to a constant, t = r̃ + o (r - r̃) / p: a least-squares fit to every cell,
+done by ALS whose normal equations read r̃ through its factors. No users x items matrix is formed: a sweep
+costs O((users + items) k^2 + ratings k). The penalty is MF's per-rating one, counted per cell.
+
+The inverse propensities are rescaled to add up to the number of cells, their expectation under correct
+propensities (the self-normalised form; the mask model's are relative weights only,
+``baselines.propensities``). The variants are MF-IPS's (``baselines.ips``): ``mf-dr`` (Naive Bayes from an
+MCAR sample), ``mf-dr-mask`` and ``mf-dr-given``.
+
+Wang et al.'s MF-DR-JL (the not-MIWAE paper's row, 0.966 on Yahoo! R3 against MF-IPS's 0.989) also refits
+r̃ to make ê match e on the observed ratings, sum_obs (ê - e)^2 / p, in turn with the prediction model.
+Tried here in that form (``bench/dr_joint_learning.py``, seed 0), it moved r̃ far from the MF-IPS fit (r̃'s
+own MCAR MSE from 1.168 to 1.74 on Coat, from 0.868 to 1.67 on the main simulator), and r̂ followed it on
+the simulator: 0.909 with r̃ fixed, 1.49 after 30 rounds whose imputation steps move r̃ 30% of the way,
+1.89 with whole steps. On Coat it gained a little with partial steps (1.173 to 1.161) and oscillated
+between 1.19 and 1.24 with whole ones. So r̃ stays at the MF-IPS fit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+from baselines._checks import check_on_scale, check_ratings
+from baselines.ips import IPSMatrixFactorization
+from baselines.mf import MatrixFactorization, MFConfig
+
+# chosen as MF's defaults were, by the IPS estimate on 10% of Coat's train ratings held out over MF_GRID
+# (``baselines.registry.tune_baseline``, seed 0): 0.5 with any n_factors (1.072; 0.3: 1.107, 1.0: 1.120)
+DR_L2 = 0.5
+
+
+class DoublyRobustMF(IPSMatrixFactorization):
+    """MF-DR recommender (Recommender protocol), built as MF-IPS is (``baselines.ips.IPSMatrixFactorization``:
+    the propensity variant, ``MFConfig`` or its fields, the MCAR sample, the clip, the mask model's settings,
+    the given propensities). ``config.l2`` is per cell for the prediction model and per rating for the
+    imputation model; after ``fit``, ``imputation`` holds the imputation model."""
+
+    NAMES = {"naive-bayes": "mf-dr", "mask": "mf-dr-mask", "given": "mf-dr-given"}
+    imputation: MatrixFactorization | None = None
+
+    def __init__(self, propensity: str = "naive-bayes", config: MFConfig | None = None, **kwargs: object) -> None:
+        """``config`` defaults to MF's but for ``DR_L2``; other keywords as for MF-IPS."""
+        super().__init__(propensity, config or MFConfig(l2=DR_L2), **kwargs)
+
+    def fit(self, train: sp.csr_matrix, *, mcar_sample: sp.csr_matrix | None = None) -> "DoublyRobustMF":
+        """Estimate the propensities of ``train``'s ratings, fit r̃ as MF-IPS, then r̂ to the DR loss by
+        ``config.n_iters`` ALS sweeps from r̃'s item side. ``mcar_sample`` as for MF-IPS."""
+        cfg = self.config
+        train = check_ratings(train)
+        check_on_scale(train, cfg.rating_scale)
+        self.train_propensities = self._estimate_propensities(train, mcar_sample)
+        inverse = 1.0 / self.train_propensities
+        self.imputation = MatrixFactorization(cfg).fit(train, sample_weight=inverse)
+        self.fit_prediction(train, self.imputation, inverse * (train.shape[0] * train.shape[1] / inverse.sum()))
+        return self
+
+    def fit_prediction(self, train: sp.csr_matrix, imputation: MatrixFactorization, cell_weight: np.ndarray) -> None:
+        """Fit r̂ to sum_all (r̂ - t)^2 + penalty, t = r̃ + o w (r - r̃), by ``config.n_iters`` ALS sweeps from
+        r̃'s item side: ``train`` checked CSR, ``cell_weight`` w aligned with its ratings."""
+        n_users, n_items = train.shape
+        rows = np.repeat(np.arange(n_users), np.diff(train.indptr))
+        correction = sp.csr_matrix((cell_weight * (train.data - imputation.predict_unclipped(rows, train.indices)),
+                                    train.indices, train.indptr), shape=train.shape)
+        # r̃ = left @ right.T: the biases and the global mean meet a column of ones on the other side
+        left = np.column_stack([imputation.user_factors, imputation.user_bias, np.ones(n_users)])
+        right = np.column_stack([imputation.item_factors, np.ones(n_items),
+                                 imputation.global_mean + imputation.item_bias])
+        mu = float(left.mean(0) @ right.mean(0) + correction.sum() / (n_users * n_items))  # the mean of t
+        q, bi = imputation.item_factors, imputation.item_bias
+        for _ in range(self.config.n_iters):
+            # each side's unknowns [factors, bias] against the other side's [factors, 1], as in MF's ALS
+            items = np.column_stack([q, np.ones(n_items)])
+            x = _shared_ridge(items, left @ (right.T @ items) + correction @ items - (mu + bi) @ items,
+                              self.config.l2 * n_items)
+            p, bu = x[:, :-1], x[:, -1]
+            users = np.column_stack([p, np.ones(n_users)])
+            y = _shared_ridge(users, right @ (left.T @ users) + correction.T @ users - (mu + bu) @ users,
+                              self.config.l2 * n_users)
+            q, bi = y[:, :-1], y[:, -1]
+        self.global_mean, self.user_bias, self.item_bias = mu, bu, bi
+        self.user_factors, self.item_factors = p, q
+
+def _shared_ridge(features: np.ndarray, targets: np.ndarray, reg: float) -> np.ndarray:
+    """Solve (F^T F + reg I) x_r = targets_r for every row r: each row's loss runs over all cells, so all
+    rows share one Gram matrix. ``targets`` is (rows, d), F^T t_r for each row's cell targets t_r."""
+    gram = features.T @ features + reg * np.eye(features.shape[1])
+    return np.linalg.solve(gram, targets.T).T
