@@ -40,8 +40,8 @@ def make_baseline(name: str, **kwargs: object) -> Recommender:
     """Instantiate the baseline called ``name`` (one of ``BASELINES``) with keyword hyper-parameters.
 
     Keywords go to the model's constructor: config fields (``n_factors``, ``l2``, ``seed``, ...) for the
-    factorisation models and AutoRec, ``mcar_sample`` for ``mf-ips``, ``propensities`` for ``mf-ips-given``,
-    ``rating_scale`` for the constants.
+    factorisation models and AutoRec, ``mcar_sample`` for ``mf-ips`` and ``mf-dr``, ``propensities`` for
+    ``mf-ips-given`` and ``mf-dr-given``, ``rating_scale`` for the constants.
     """
     if name not in _FACTORIES:
         raise ValueError(f"unknown baseline {name!r}; choose from {', '.join(BASELINES)}")
