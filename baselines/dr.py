@@ -1,31 +1,36 @@
 """MF-DR: biased MF trained on the doubly robust estimate of its squared error over every cell (Dudík et
 al., 2011; for ratings Wang, Zhang, Sun & Qi, ICML 2019).
 
-Two biased MFs of ``baselines.mf``'s form: the imputation model r̃, fitted first as MF-IPS with the same
-propensities and settings, and the prediction model r̂. A cell's error is e = (r̂ - r)^2 and its imputed
-error ê = (r̂ - r̃)^2, the squared gap to the imputation model's rating (the form of Guo et al., 2021). The
-prediction model minimises the DR loss
+Two biased MFs of ``baselines.mf``'s form: the imputation model r̃, the MF-IPS fit with MF-IPS's own
+settings and the same propensities, and the prediction model r̂. A cell's error is e = (r̂ - r)^2 and its
+imputed error ê = (r̂ - r̃)^2, the squared gap to the imputation model's rating (the pseudo-label form of
+Guo et al., 2021). The prediction model minimises the DR loss
 
     sum_all cells [ê + o (e - ê) / p]  +  l2 x (cells per row or column) x its squared parameters,
 
-which is unbiased for the squared error over all cells when either the propensities p or the imputed
-errors are right. With r̃ fixed, e and ê are squares in r̂ whose coefficients add up to 1 in every cell, so
-the loss is sum_all (r̂ - t)^2 up to a constant, t = r̃ + o (r - r̃) / p: a least-squares fit to every cell,
-done by ALS whose normal equations read r̃ through its factors. No users x items matrix is formed: a sweep
-costs O((users + items) k^2 + ratings k). The penalty is MF's per-rating one, counted per cell.
+an estimate of the squared error over all cells that is right on average when either the propensities p
+or the imputed errors are. With r̃ fixed, e and ê are squares in r̂ whose coefficients add up to 1 in every
+cell, so the loss is sum_all (r̂ - t)^2 up to a constant, t = r̃ + o (r - r̃) / p: a least-squares fit to
+every cell, done by ALS whose normal equations read r̃ through its factors. No users x items matrix is
+formed: a sweep costs O((users + items) k^2 + ratings k). The penalty is MF's per-rating one, counted per
+cell.
 
 The inverse propensities are rescaled to add up to the number of cells, their expectation under correct
-propensities (the self-normalised form; the mask model's are relative weights only,
-``baselines.propensities``). The variants are MF-IPS's (``baselines.ips``): ``mf-dr`` (Naive Bayes from an
-MCAR sample), ``mf-dr-mask`` and ``mf-dr-given``.
+propensities (the self-normalised form, consistent rather than unbiased; the mask model's propensities
+are relative weights only, ``baselines.propensities``). The variants are MF-IPS's (``baselines.ips``):
+``mf-dr`` (Naive Bayes from an MCAR sample), ``mf-dr-mask`` and ``mf-dr-given``.
 
-Wang et al.'s MF-DR-JL (the not-MIWAE paper's row, 0.966 on Yahoo! R3 against MF-IPS's 0.989) also refits
-r̃ to make ê match e on the observed ratings, sum_obs (ê - e)^2 / p, in turn with the prediction model.
-Tried here in that form (``bench/dr_joint_learning.py``, seed 0), it moved r̃ far from the MF-IPS fit (r̃'s
-own MCAR MSE from 1.168 to 1.74 on Coat, from 0.868 to 1.67 on the main simulator), and r̂ followed it on
-the simulator: 0.909 with r̃ fixed, 1.49 after 30 rounds whose imputation steps move r̃ 30% of the way,
-1.89 with whole steps. On Coat it gained a little with partial steps (1.173 to 1.161) and oscillated
-between 1.19 and 1.24 with whole ones. So r̃ stays at the MF-IPS fit.
+A rare rating's target lies far off the scale (1/p times its gap to r̃), so the penalty that the held-out
+ratings choose is strong enough to leave little of the factors (``DR_L2``), and on Coat and the simulator
+MF-DR scores above MF-IPS, the r̃ it starts from (README).
+
+Wang et al.'s MF-DR-JL, the not-MIWAE paper's row (0.966 on Yahoo! R3, MF-IPS 0.989), also refits r̃, in
+turn with r̂, to make ê match e on the observed ratings: sum_obs (ê - e)^2 / p. With ê in the pseudo-label
+form r̃ enters that loss only through |r̂ - r̃|, so r̃ = r and its mirror image 2 r̂ - r fit a rating equally
+well, and nothing ties r̃ to the ratings. Tried here (``bench/dr_joint_learning.py``, seed 0, 30 rounds),
+it took r̃'s own MCAR MSE from 0.920 to 1.62 or more on the main simulator and from 1.131 to 1.42 or more
+on Coat, and r̂'s from 0.963 to 1.37-1.49 and from 1.173 to 1.23-1.24, whether each round moved r̃ all the
+way or 30% of the way to its step's optimum. So r̃ stays at the MF-IPS fit.
 """
 
 from __future__ import annotations
@@ -38,22 +43,28 @@ from baselines.ips import IPSMatrixFactorization
 from baselines.mf import MatrixFactorization, MFConfig
 
 # chosen as MF's defaults were, by the IPS estimate on 10% of Coat's train ratings held out over MF_GRID
-# (``baselines.registry.tune_baseline``, seed 0): 0.5 with any n_factors (1.072; 0.3: 1.107, 1.0: 1.120)
-DR_L2 = 0.5
+# (``baselines.registry.tune_baseline``, seed 0): 0.3 with any n_factors (1.061; 0.2: 1.130, 0.5: 1.086).
+# The per-cell penalty thresholds the targets' spectrum, so the factors nearly vanish there (sd of p·q 0.065
+# on Coat, seed 0; 0.41 at 0.2, none left at 0.5): the pseudo-targets' noise outweighs their low-rank signal.
+DR_L2 = 0.3
 
 
 class DoublyRobustMF(IPSMatrixFactorization):
     """MF-DR recommender (Recommender protocol), built as MF-IPS is (``baselines.ips.IPSMatrixFactorization``:
     the propensity variant, ``MFConfig`` or its fields, the MCAR sample, the clip, the mask model's settings,
-    the given propensities). ``config.l2`` is per cell for the prediction model and per rating for the
-    imputation model; after ``fit``, ``imputation`` holds the imputation model."""
+    the given propensities), those of the imputation model r̃ apart. After ``fit``, ``imputation`` holds r̃."""
 
     NAMES = {"naive-bayes": "mf-dr", "mask": "mf-dr-mask", "given": "mf-dr-given"}
     imputation: MatrixFactorization | None = None
 
-    def __init__(self, propensity: str = "naive-bayes", config: MFConfig | None = None, **kwargs: object) -> None:
-        """``config`` defaults to MF's but for ``DR_L2``; other keywords as for MF-IPS."""
+    def __init__(self, propensity: str = "naive-bayes", config: MFConfig | None = None,
+                 imputation_config: MFConfig | None = None, **kwargs: object) -> None:
+        """``config`` sets the prediction model r̂, its l2 per cell (MF's defaults but for ``DR_L2``);
+        ``imputation_config`` the MF-IPS fit r̃ (default MF-IPS's own, with r̂'s seed and rating scale, so that
+        r̃ is the ``mf-ips`` model of that seed). Other keywords as for MF-IPS."""
         super().__init__(propensity, config or MFConfig(l2=DR_L2), **kwargs)
+        self.imputation_config = imputation_config or MFConfig(seed=self.config.seed,
+                                                               rating_scale=self.config.rating_scale)
 
     def fit(self, train: sp.csr_matrix, *, mcar_sample: sp.csr_matrix | None = None) -> "DoublyRobustMF":
         """Estimate the propensities of ``train``'s ratings, fit r̃ as MF-IPS, then r̂ to the DR loss by
@@ -63,7 +74,7 @@ class DoublyRobustMF(IPSMatrixFactorization):
         check_on_scale(train, cfg.rating_scale)
         self.train_propensities = self._estimate_propensities(train, mcar_sample)
         inverse = 1.0 / self.train_propensities
-        self.imputation = MatrixFactorization(cfg).fit(train, sample_weight=inverse)
+        self.imputation = MatrixFactorization(self.imputation_config).fit(train, sample_weight=inverse)
         self.fit_prediction(train, self.imputation, inverse * (train.shape[0] * train.shape[1] / inverse.sum()))
         return self
 

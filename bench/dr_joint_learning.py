@@ -1,4 +1,5 @@
-"""MF-DR with its imputation model fixed at the MF-IPS fit, against Wang et al.'s joint learning (DR-JL).
+"""MF-DR with its imputation model fixed at the MF-IPS fit, against Wang et al.'s joint learning (DR-JL)
+with the imputed error in the pseudo-label form (r̂ - r̃)^2 that ``baselines.dr`` uses.
 
 DR-JL refits the imputation model r̃ so that the imputed error (r̂ - r̃)^2 matches the true one (r̂ - r)^2 on
 the observed ratings, sum_obs ((r̂ - r̃)^2 - (r̂ - r)^2)^2 / p plus MF's penalty, alternating with the

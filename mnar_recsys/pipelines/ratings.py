@@ -47,7 +47,7 @@ from mnar_recsys.training.trainer import TrainConfig
 
 DATASETS = ("synthetic", "coat", "yahoo")
 DEFAULT_MODELS = ("notmiwae-gaussian", "notmiwae-categorical", "notmiwae-categorical-activity", "miwae-gaussian", "mf",
-                  "pmf", "autorec", "mf-ips", "mf-dr")
+                  "pmf", "autorec", "mf-ips")
 UNSEEDED = frozenset({"constant-2", "train-mean"})  # deterministic baselines: no seed argument
 GIVEN_PROPENSITIES = frozenset({"mf-ips-given", "mf-dr-given"})  # models that read Coat's propensities file
 ESTIMATOR_MODEL = "notmiwae-gaussian"  # the model the --estimator-k study re-imputes
@@ -225,6 +225,8 @@ def model_settings(model: Recommender, n_items: int) -> dict[str, Any]:
     settings = asdict(config) if is_dataclass(config) else {}
     if isinstance(model, IPSMatrixFactorization):
         settings["propensities"] = model.propensity_settings()
+    if isinstance(model, DoublyRobustMF):
+        settings["imputation"] = asdict(model.imputation_config)
     return settings
 
 

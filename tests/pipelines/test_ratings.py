@@ -290,7 +290,10 @@ def test_baseline_records_keep_their_propensity_settings_and_the_constants_value
     assert mask["estimator"] == "mask" and mask["regularization"] == 3.0 and mask["factors"] == 30
     assert records["mf-ips-mask"]["model"]["l2"] == records["mf-ips"]["model"]["l2"]  # the MF settings stay
     assert records["mf-dr"]["model"]["propensities"] == records["mf-ips"]["model"]["propensities"]
-    assert records["mf-dr"]["model"]["l2"] == 0.5
+    assert records["mf-dr"]["model"]["l2"] == 0.3
+    # its imputation model is the MF-IPS row's: MF's defaults, this run's seed and rating scale
+    ips_settings = {key: value for key, value in records["mf-ips"]["model"].items() if key != "propensities"}
+    assert records["mf-dr"]["model"]["imputation"] == ips_settings
     assert records["constant-2"]["model"] == {"value": 2.0, "rating_scale": [1.0, 5.0]}
     assert 1 < records["train-mean"]["model"]["value"] < 5
     # the simulator's default test users, resolved, and the MCAR sample's share
