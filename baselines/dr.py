@@ -41,6 +41,7 @@ import scipy.sparse as sp
 from baselines._checks import check_on_scale, check_ratings
 from baselines.ips import IPSMatrixFactorization
 from baselines.mf import MatrixFactorization, MFConfig
+from mnar_recsys.checks import check_positive_finite, check_positive_integer
 
 # chosen as MF's defaults were, by the IPS estimate on 10% of Coat's train ratings held out over MF_GRID
 # (``baselines.registry.tune_baseline``, seed 0): 0.3 with any n_factors (1.061; 0.2: 1.130, 0.5: 1.086).
@@ -67,11 +68,13 @@ class DoublyRobustMF(IPSMatrixFactorization):
                                                                rating_scale=self.config.rating_scale)
 
     def fit(self, train: sp.csr_matrix, *, mcar_sample: sp.csr_matrix | None = None) -> "DoublyRobustMF":
-        """Estimate the propensities of ``train``'s ratings, fit r̃ as MF-IPS, then r̂ to the DR loss by
-        ``config.n_iters`` ALS sweeps from r̃'s item side. ``mcar_sample`` as for MF-IPS."""
-        cfg = self.config
+        """Estimate the propensities of ``train``'s ratings, fit r̃ as MF-IPS, then r̂ to the DR loss.
+        ``mcar_sample`` as for MF-IPS."""
+        for name in ("n_factors", "n_iters"):
+            check_positive_integer(f"MFConfig.{name}", getattr(self.config, name))
+        check_positive_finite("MFConfig.l2", self.config.l2)
         train = check_ratings(train)
-        check_on_scale(train, cfg.rating_scale)
+        check_on_scale(train, self.config.rating_scale)
         self.train_propensities = self._estimate_propensities(train, mcar_sample)
         inverse = 1.0 / self.train_propensities
         self.imputation = MatrixFactorization(self.imputation_config).fit(train, sample_weight=inverse)
@@ -80,7 +83,7 @@ class DoublyRobustMF(IPSMatrixFactorization):
 
     def fit_prediction(self, train: sp.csr_matrix, imputation: MatrixFactorization, cell_weight: np.ndarray) -> None:
         """Fit r̂ to sum_all (r̂ - t)^2 + penalty, t = r̃ + o w (r - r̃), by ``config.n_iters`` ALS sweeps from
-        r̃'s item side: ``train`` checked CSR, ``cell_weight`` w aligned with its ratings."""
+        MF's random start: ``train`` checked CSR, ``cell_weight`` w aligned with its ratings."""
         n_users, n_items = train.shape
         rows = np.repeat(np.arange(n_users), np.diff(train.indptr))
         correction = sp.csr_matrix((cell_weight * (train.data - imputation.predict_unclipped(rows, train.indices)),
@@ -90,19 +93,22 @@ class DoublyRobustMF(IPSMatrixFactorization):
         right = np.column_stack([imputation.item_factors, np.ones(n_items),
                                  imputation.global_mean + imputation.item_bias])
         mu = float(left.mean(0) @ right.mean(0) + correction.sum() / (n_users * n_items))  # the mean of t
-        q, bi = imputation.item_factors, imputation.item_bias
-        for _ in range(self.config.n_iters):
+        cfg = self.config
+        q = np.random.default_rng(cfg.seed).normal(0.0, cfg.init_std, size=(n_items, cfg.n_factors))
+        bi = np.zeros(n_items)
+        for _ in range(cfg.n_iters):
             # each side's unknowns [factors, bias] against the other side's [factors, 1], as in MF's ALS
             items = np.column_stack([q, np.ones(n_items)])
             x = _shared_ridge(items, left @ (right.T @ items) + correction @ items - (mu + bi) @ items,
-                              self.config.l2 * n_items)
+                              cfg.l2 * n_items)
             p, bu = x[:, :-1], x[:, -1]
             users = np.column_stack([p, np.ones(n_users)])
             y = _shared_ridge(users, right @ (left.T @ users) + correction.T @ users - (mu + bu) @ users,
-                              self.config.l2 * n_users)
+                              cfg.l2 * n_users)
             q, bi = y[:, :-1], y[:, -1]
         self.global_mean, self.user_bias, self.item_bias = mu, bu, bi
         self.user_factors, self.item_factors = p, q
+
 
 def _shared_ridge(features: np.ndarray, targets: np.ndarray, reg: float) -> np.ndarray:
     """Solve (F^T F + reg I) x_r = targets_r for every row r: each row's loss runs over all cells, so all

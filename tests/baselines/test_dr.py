@@ -41,7 +41,7 @@ def test_the_prediction_fit_is_als_on_the_dense_dr_targets():
     observed = train.toarray() > 0
     targets[observed] += weight * (train.data - targets[observed])  # boolean indexing is row-major, as CSR
     mu = targets.mean()
-    q, bi = imputation.item_factors, imputation.item_bias
+    q, bi = np.random.default_rng(model.config.seed).normal(0.0, model.config.init_std, (n_items, 3)), np.zeros(n_items)
     for _ in range(sweeps):
         items = np.column_stack([q, np.ones(n_items)])
         x = np.linalg.solve(items.T @ items + l2 * n_items * np.eye(4), items.T @ (targets - mu - bi).T).T
@@ -57,8 +57,8 @@ def test_the_prediction_fit_is_als_on_the_dense_dr_targets():
 
 def test_an_exact_imputation_makes_any_propensities_harmless():
     """One half of double robustness: with r̃ equal to the truth, every correction o (r - r̃) / p vanishes, so
-    every target is the truth whatever the propensities, and the fit recovers it however the ratings were
-    selected."""
+    every target is the truth whatever the propensities: wild weights fit what unit ones fit, close to the
+    truth however the ratings were selected."""
     n_users, n_items = 300, 200
     truth_model = _low_rank_model(n_users, n_items, seed=2)
     truth = _dense(truth_model)
@@ -66,9 +66,13 @@ def test_an_exact_imputation_makes_any_propensities_harmless():
     # self-selection on the value: high ratings observed far more often
     observed = rng.random(truth.shape) < np.where(truth > 3.0, 0.3, 0.03)
     train = sp.csr_matrix(np.where(observed, truth, 0.0))
-    model = DoublyRobustMF("given", propensities=np.ones(truth.shape), n_factors=3, l2=1e-4, rating_scale=None)
-    model.fit_prediction(train, truth_model, rng.uniform(0.1, 100.0, train.nnz))
-    assert np.abs(_dense(model) - truth).max() < 0.01
+    fits = []
+    for weight in (rng.uniform(0.1, 100.0, train.nnz), np.ones(train.nnz)):
+        model = DoublyRobustMF("given", propensities=np.ones(truth.shape), n_factors=3, l2=1e-4, rating_scale=None)
+        model.fit_prediction(train, truth_model, weight)
+        fits.append(_dense(model))
+    np.testing.assert_allclose(fits[0], fits[1], atol=1e-9)
+    assert np.abs(fits[0] - truth).max() < 0.1
 
 
 def test_with_true_propensities_a_poor_imputation_is_corrected(mnar_data):
@@ -121,3 +125,8 @@ def test_the_variants_and_their_refusals(mnar_data):
         DoublyRobustMF("mask", mcar_sample=mnar_data.mcar_test(0.02, seed=0))
     with pytest.raises(ValueError, match="outside rating_scale"):
         DoublyRobustMF("mask", rating_scale=(1.0, 4.0)).fit(mnar_data.train)
+    with pytest.raises(ValueError, match="MFConfig.n_iters must be a positive integer, got 0"):
+        DoublyRobustMF("mask", n_iters=0).fit(mnar_data.train)
+    # r̂'s settings are its own, r̃'s MF-IPS's
+    fitted = DoublyRobustMF("given", propensities=mnar_data.propensity, n_factors=2).fit(mnar_data.train)
+    assert fitted.user_factors.shape[1] == 2 and fitted.imputation.user_factors.shape[1] == 20
