@@ -6,7 +6,8 @@ the observed ratings, sum_obs ((r̂ - r̃)^2 - (r̂ - r)^2)^2 / p plus MF's pena
 prediction model's fit to the DR loss. Here each imputation step runs --lbfgs-iters L-BFGS iterations from
 r̃'s current parameters and then moves them --damping of the way there (1: the step's result), and each
 prediction step is `DoublyRobustMF.fit_prediction`. Prints the MCAR MSE of r̂ and of r̃ every few rounds,
-on the main simulator (seed 0's MCAR split) and, with --coat-dir, on Coat.
+on the main simulator (seed 0's MCAR split) and, with --coat-dir, on Coat. After a few rounds the numbers
+depend on the BLAS threads in the third decimal (the log behind the README: default threads).
 
     python bench/dr_joint_learning.py [--rounds 30] [--damping 1,0.3] [--coat-dir ../shared/data/coat]
 """
