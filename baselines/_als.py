@@ -1,4 +1,4 @@
-"""The vectorised ridge step shared by the alternating-least-squares factorisations."""
+"""The vectorised ridge steps of the alternating-least-squares factorisations."""
 
 from __future__ import annotations
 
@@ -19,3 +19,10 @@ def ridge_rows(weights: sp.csr_matrix, targets: sp.csr_matrix, feats: np.ndarray
     gram += np.asarray(reg, dtype=np.float64).reshape(-1, 1, 1) * np.eye(d)
     rhs = np.asarray(weights.multiply(targets).tocsr() @ feats)
     return np.linalg.solve(gram, rhs[..., None])[..., 0]
+
+
+def shared_ridge(features: np.ndarray, targets: np.ndarray, reg: float) -> np.ndarray:
+    """Solve (F^T F + reg I) x_r = targets_r for every row r: each row's loss runs over all cells, so all
+    rows share one Gram matrix. ``targets`` is (rows, d), F^T t_r for each row's cell targets t_r."""
+    gram = features.T @ features + reg * np.eye(features.shape[1])
+    return np.linalg.solve(gram, targets.T).T

@@ -39,6 +39,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
+from baselines._als import shared_ridge
 from baselines._checks import check_on_scale, check_ratings
 from baselines.ips import IPSMatrixFactorization
 from baselines.mf import MatrixFactorization, MFConfig
@@ -103,19 +104,13 @@ class DoublyRobustMF(IPSMatrixFactorization):
         for _ in range(cfg.n_iters):
             # each side's unknowns [factors, bias] against the other side's [factors, 1], as in MF's ALS
             items = np.column_stack([q, np.ones(n_items)])
-            x = _shared_ridge(items, left @ (right.T @ items) + correction @ items - (mu + bi) @ items,
+            x = shared_ridge(items, left @ (right.T @ items) + correction @ items - (mu + bi) @ items,
                               cfg.l2 * n_items)
             p, bu = x[:, :-1], x[:, -1]
             users = np.column_stack([p, np.ones(n_users)])
-            y = _shared_ridge(users, right @ (left.T @ users) + correction.T @ users - (mu + bu) @ users,
+            y = shared_ridge(users, right @ (left.T @ users) + correction.T @ users - (mu + bu) @ users,
                               cfg.l2 * n_users)
             q, bi = y[:, :-1], y[:, -1]
         self.global_mean, self.user_bias, self.item_bias = mu, bu, bi
         self.user_factors, self.item_factors = p, q
 
-
-def _shared_ridge(features: np.ndarray, targets: np.ndarray, reg: float) -> np.ndarray:
-    """Solve (F^T F + reg I) x_r = targets_r for every row r: each row's loss runs over all cells, so all
-    rows share one Gram matrix. ``targets`` is (rows, d), F^T t_r for each row's cell targets t_r."""
-    gram = features.T @ features + reg * np.eye(features.shape[1])
-    return np.linalg.solve(gram, targets.T).T
