@@ -42,7 +42,9 @@ def _parse_text(path: Path, spec: _Spec) -> np.ndarray:
     """Parse a delimited text file line by line so that errors can name the line and column."""
     text = path.read_text(encoding="ascii", errors="replace")
     rows: list[list[float]] = []
-    for lineno, line in enumerate(text.splitlines(), start=1):  # splitlines also strips CRLF
+    # universal newlines turn CRLF into "\n"; splitlines() would also split at form feeds and the like,
+    # and so misnumber every line after one
+    for lineno, line in enumerate(text.split("\n"), start=1):
         if (spec.header and lineno == 1) or not line.strip():
             continue
         fields = line.split(spec.sep)

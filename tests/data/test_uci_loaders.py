@@ -133,6 +133,15 @@ def test_non_numeric_or_non_finite_names_line_and_column(tmp_path, value):
         load_uci("breast", tmp_path, verify=False)
 
 
+def test_line_numbers_count_newlines_only(tmp_path):
+    """A stray form feed (which str.splitlines() splits at) must not shift the line an error names."""
+    good = "A_YEAST  0.1  0.2 0.3 0.4 0.5 0.0 0.6 0.7 MIT"
+    lines = [good, good + "\x0c", good, good.replace("0.4", "0.4x")]
+    _write(tmp_path, "yeast", "\r\n".join(lines) + "\r\n")
+    with pytest.raises(ValueError, match=r"yeast\.data: line 4, column 5: expected a finite number, found '0\.4x'"):
+        load_uci("yeast", tmp_path, verify=False)
+
+
 def test_corrupt_xls(tmp_path):
     _write(tmp_path, "concrete", "this is not a workbook")
     with pytest.raises(ValueError, match=r"Concrete_Data\.xls: not a readable \.xls workbook"):
