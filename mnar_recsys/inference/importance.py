@@ -51,9 +51,9 @@ class ImportanceConfig:
     sampled_imputation: what a model with x_m sampled averages under its weights at missing targets, for
     the mean and the median. 'decoder-mean' (the paper's code): the mean of p(x_m | z_k), low in variance,
     but the weights pick z_k, not x_m, so it ignores what the mask says about x_m within each z_k. 'draws':
-    the x_m,k the weights were computed with, consistent for p(x_m | x_o, s); continuous decoders only, as a
-    discrete decoder's draws are relaxed (off its levels). Multiple imputation resamples those x_m,k either
-    way (continuous decoders). Observed targets and the other models ignore it.
+    the x_m,k the weights were computed with, consistent for p(x_m | x_o, s) (drawn exactly here, on a discrete
+    decoder's levels; training relaxes them). Multiple imputation resamples those x_m,k either way. Observed
+    targets and the other models ignore it.
     """
 
     n_samples: int = 10_000
@@ -150,9 +150,6 @@ def impute(model: NotMIWAE, data: "np.ndarray | sp.spmatrix | RowSource", rows: 
     if rows.size and (rows.min() < 0 or rows.max() >= source.n_rows or cols.min() < 0
                       or cols.max() >= source.n_features):
         raise ValueError(f"targets must lie in the {source.n_rows} x {source.n_features} rows")
-    if _averages_draws(model, config) and getattr(model.decoder, "support", None) is not None:
-        raise ValueError(f"sampled_imputation='draws' needs a continuous decoder: {type(model.decoder).__name__}'s "
-                         "draws are relaxed, off its levels")
     if "median" in methods and not model.decoder.has_cdf and (not _averages_draws(model, config)
                                                               or _any_observed(source, rows, cols)):
         raise ValueError(f"the conditional median needs the decoder's CDF, which {type(model.decoder).__name__} "
@@ -224,17 +221,14 @@ def _sample_counts(model: NotMIWAE, batch: RowBatch, config: ImportanceConfig, n
         yield min(per_chunk, config.n_samples - done)
 
 
+def _draws_x_m(model: NotMIWAE) -> bool:
+    """Whether the weights come with drawn x_m,k (`NotMIWAE.complete`): x_m sampled for a missing model."""
+    return model.missing_factor == "sampled" and not model.missing_model.is_mcar
+
+
 def _averages_draws(model: NotMIWAE, config: ImportanceConfig) -> bool:
     """Whether missing targets average the x_m,k the sampled factor drew (sampled_imputation='draws')."""
-    return (model.missing_factor == "sampled" and not model.missing_model.is_mcar
-            and config.sampled_imputation == "draws")
-
-
-def _draws_are_values(model: NotMIWAE) -> bool:
-    """Whether the bound draws x_m,k that are values of the data: x_m sampled for a missing model, from a
-    continuous decoder (a discrete decoder's draws are relaxed, off its levels)."""
-    return (model.missing_factor == "sampled" and not model.missing_model.is_mcar
-            and getattr(model.decoder, "support", None) is None)
+    return _draws_x_m(model) and config.sampled_imputation == "draws"
 
 
 def _at_observed_targets(from_draws: torch.Tensor | None, observed: torch.Tensor,
@@ -254,7 +248,7 @@ def _impute_chunk(model: NotMIWAE, batch: RowBatch, cols: torch.Tensor, methods:
     use_draws = _averages_draws(model, config)
     # multiple imputation resamples the (z_k, x_m,k) pairs the weights were computed with, whatever
     # sampled_imputation says: a fresh x_m given the picked z_k would ignore the mask
-    resample_draws = "multiple" in methods and _draws_are_values(model)
+    resample_draws = "multiple" in methods and _draws_x_m(model)
     keep_drawn = use_draws or resample_draws
     keep_all = "median" in methods or "multiple" in methods
     running_max = torch.full((batch.n_rows,), -float("inf"), device=batch.obs_value.device)

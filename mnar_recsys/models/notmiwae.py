@@ -202,7 +202,14 @@ class NotMIWAE(nn.Module):
         samples x_m; None where it does not (the MIWAE, the integrated factor)."""
         if self.missing_model.is_mcar or self.missing_factor != "sampled":
             return None
-        return torch.where(batch.mask[:, None] > 0, batch.values[:, None], self.decoder.rsample(params))
+        return torch.where(batch.mask[:, None] > 0, batch.values[:, None], self.draw_missing_values(params))
+
+    def draw_missing_values(self, params: Params) -> torch.Tensor:
+        """x_m,k ~ p(x_m | z_k): reparameterised while gradients are on, as the bound is trained (a discrete
+        decoder's draws relaxed, Gumbel-Softmax), and exact otherwise, so that log-likelihoods and imputations
+        weigh the missing model at values the data can take: relaxed draws had put a categorical model's
+        log p(x_o, s) 1.9 nats a row too low, eight missing items a row at the item-wise slope 2."""
+        return self.decoder.rsample(params) if torch.is_grad_enabled() else self.decoder.sample(params)
 
     def log_ps(self, batch: RowBatch, params: Params, offset: torch.Tensor | None = None,
                completed: torch.Tensor | None = None) -> torch.Tensor:
@@ -262,7 +269,7 @@ class NotMIWAE(nn.Module):
         if self.missing_factor == "integrated":
             per_draw = self.log_prob_missing(unobserved, features=features, offset=draw_offset)
         else:
-            logits = self.missing_model.feature_logits(self.decoder.rsample(unobserved), features)
+            logits = self.missing_model.feature_logits(self.draw_missing_values(unobserved), features)
             per_draw = F.logsigmoid(-(logits if draw_offset is None else logits + draw_offset))
         return self._log_ps_observed(batch, offset) + sum_by_row(per_draw * draw.weight[:, None], draw.rows,
                                                                  batch.n_rows)

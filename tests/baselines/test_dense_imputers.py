@@ -1,4 +1,4 @@
-"""Dense imputers: accuracy against mean imputation, Pipeline use, sklearn params, input errors, PPCA EM."""
+"""Dense imputers: accuracy against mean imputation, Pipeline use, sklearn params, input errors, PPCA's solvers."""
 
 import warnings
 
@@ -126,20 +126,78 @@ def test_unknown_name():
         make_dense_imputer("knn")
 
 
-def test_ppca_loglik_non_decreasing(low_rank):
+@pytest.mark.parametrize("solver", ["em", "lbfgs"])
+def test_ppca_loglik_non_decreasing(low_rank, solver):
     for q in (1, 2, 5):
-        ll = PPCAImputer(n_components=q, max_iter=100, tol=0.0).fit(low_rank[2]).loglik_
-        assert len(ll) == 100
+        ll = PPCAImputer(n_components=q, max_iter=100, tol=0.0, solver=solver).fit(low_rank[2]).loglik_
+        assert len(ll) == 100 or solver == "lbfgs" and len(ll) > 5  # L-BFGS may stop at rounding's floor
         assert np.all(np.diff(ll) >= -1e-8 * np.abs(ll[:-1]))
 
 
-def test_ppca_complete_data_matches_closed_form():
-    """Without missing values EM converges to Tipping & Bishop's closed-form maximum-likelihood s2."""
+@pytest.mark.parametrize("solver", ["em", "lbfgs"])
+def test_ppca_complete_data_matches_closed_form(solver):
+    """Without missing values both solvers reach Tipping & Bishop's closed-form maximum-likelihood s2."""
     rng = np.random.default_rng(1)
     X = rng.standard_normal((500, 3)) @ rng.standard_normal((3, 5)) + 0.3 * rng.standard_normal((500, 5))
-    model = PPCAImputer(n_components=2, max_iter=2000, tol=1e-12, standardize=False).fit(X)
+    model = PPCAImputer(n_components=2, max_iter=2000, tol=1e-12, standardize=False, solver=solver).fit(X)
     eigval = np.linalg.eigvalsh(np.cov(X, rowvar=False, bias=True))[::-1]
     assert model.noise_variance_ == pytest.approx(eigval[2:].mean(), rel=1e-4)
+
+
+@pytest.fixture(scope="module")
+def self_masked():
+    """Correlated data with the paper's self-masking: values above the mean go missing in half the features."""
+    rng = np.random.default_rng(2)
+    X = rng.standard_normal((300, 4)) @ rng.standard_normal((4, 6)) + 0.2 * rng.standard_normal((300, 6))
+    X, _, _ = standardize(X)
+    return X, paper_self_masking(X), apply_mask(X, paper_self_masking(X))
+
+
+def test_ppca_gradient_matches_finite_differences(self_masked):
+    """The L-BFGS solver's gradient of the observed-data log-likelihood, against central differences."""
+    from baselines import ppca
+
+    imputer = PPCAImputer(standardize=False)
+    imputer.center_, imputer.scale_ = np.zeros(6), np.ones(6)
+    X0, S = imputer._prepare(self_masked[2])
+    patterns = ppca._patterns(S)
+    rng = np.random.default_rng(3)
+    W, mu, s2 = rng.standard_normal((6, 3)), rng.standard_normal(6) * 0.3, 0.7
+    _, grad_W, grad_mu, grad_s2 = ppca._loglik_and_gradient(W, mu, s2, X0, S, patterns)
+
+    def loglik(W, mu, s2):
+        return ppca._e_step(X0, S, W, mu, s2, patterns)[2]
+
+    h = 1e-6
+    for j, k in ((0, 0), (4, 2), (5, 1)):
+        step = np.zeros_like(W)
+        step[j, k] = h
+        assert grad_W[j, k] == pytest.approx((loglik(W + step, mu, s2) - loglik(W - step, mu, s2)) / (2 * h), rel=1e-5)
+    for j in (1, 5):
+        step = np.eye(6)[j] * h
+        assert grad_mu[j] == pytest.approx((loglik(W, mu + step, s2) - loglik(W, mu - step, s2)) / (2 * h), rel=1e-5)
+    assert grad_s2 == pytest.approx((loglik(W, mu, s2 + h) - loglik(W, mu, s2 - h)) / (2 * h), rel=1e-5)
+
+
+def test_ppca_solvers_reach_the_same_fit_under_self_masking(self_masked):
+    """EM run to a tight tolerance and L-BFGS reach one maximum: the same log-likelihood and imputations.
+    With q = D - 1, as in the paper, L-BFGS gets there in far fewer iterations (768 for EM, 78 here)."""
+    Xm = self_masked[2]
+    em = PPCAImputer(standardize=False, solver="em", tol=1e-12).fit(Xm)
+    lbfgs = PPCAImputer(standardize=False, tol=1e-12).fit(Xm)
+    assert lbfgs.loglik_[-1] == pytest.approx(em.loglik_[-1], abs=1e-4)
+    np.testing.assert_allclose(lbfgs.transform(Xm), em.transform(Xm), atol=2e-4)
+    assert lbfgs.n_iter_ < em.n_iter_ / 5
+
+
+@pytest.mark.parametrize("solver", ["em", "lbfgs"])
+def test_ppca_warns_when_stopped_before_converging(self_masked, solver):
+    with pytest.warns(ConvergenceWarning, match=f"PPCAImputer: the {solver} solver stopped after max_iter=3"):
+        model = PPCAImputer(standardize=False, max_iter=3, solver=solver).fit(self_masked[2])
+    assert model.n_iter_ <= 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        PPCAImputer(standardize=False, solver=solver).fit(self_masked[2])
 
 
 def test_ppca_bad_components(low_rank):
@@ -153,6 +211,8 @@ def test_ppca_bad_components(low_rank):
         LowRankJointImputer(n_lambdas=0).fit(low_rank[2])
     with pytest.raises(ValueError, match="PPCAImputer: max_iter must be a positive integer, got 2.5"):
         PPCAImputer(max_iter=2.5).fit(low_rank[2])
+    with pytest.raises(ValueError, match="PPCAImputer: solver must be one of lbfgs, em, got 'newton'"):
+        PPCAImputer(solver="newton").fit(low_rank[2])
     with pytest.raises(ValueError, match="LowRankJointImputer: max_iter must be a positive integer, got True"):
         LowRankJointImputer(max_iter=True).fit(low_rank[2])
 

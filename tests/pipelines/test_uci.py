@@ -182,7 +182,7 @@ def test_the_papers_deterministic_baselines_come_out_as_in_its_table(name):
     """PPCA and MICE have no seed, so under the same protocol and data they should give the paper's RMSE. They do
     on these sets: on Concrete only with its ninth column, strength (PPCA 1.63 and MICE 1.70, paper 1.61 and
     1.70; 1.71 and 1.87 without it), on Yeast only without one of its eight features (1.67 and 1.72, paper
-    1.67 and 1.72; 1.72 and 1.76 with all eight). On White and Breast one or both differ (PPCA 1.51 / 1.14
+    1.67 and 1.72; 1.72 and 1.76 with all eight). On White and Breast one or both differ (PPCA 1.51 / 0.85
     against 1.57 / 0.90, MICE 1.41 / 0.95 against 1.41 / 1.17), as two implementations of one method can."""
     if not (UCI_DIR / expected_file(name)).is_file():
         pytest.skip(f"{expected_file(name)} not in {UCI_DIR}")
@@ -208,11 +208,12 @@ def test_the_papers_ordering_holds_on_all_six_sets(tmp_path):
     """Issue 4's bar, shortened to 500 of the paper's 100k iterations (K_pred 200), and to 3,000 for the
     PPCA-like self-masking model, whose weights start at random signs (as in the paper's code) and take
     longer to find them: Banknote 1.81 after 500, 1.55 after 2,000, 1.23 after 3,000 (0.52 after 100k).
-    Measured RMSE (before Concrete had 9 columns and PPCA took the data as given, Breast now 1.14; the test
-    passes with both), Banknote / Concrete / Red / White / Yeast / Breast: not-MIWAE self-masking known
-    1.12 / 1.59 / 1.42 / 1.42 / 1.43 / 0.93, MIWAE 1.35 / 1.70 / 1.70 / 1.66 / 1.66 / 1.30, mean 1.73 /
-    1.85 / 1.84 / 1.74 / 1.73 / 1.82; PPCA-like not-MIWAE self-masking (3,000) 1.23 / 1.42 / 1.32 / 1.35 /
-    1.21 / 0.77, PPCA 1.39 / 1.69 / 1.62 / 1.51 / 1.72 / 1.32."""
+    Measured RMSE, Banknote / Concrete / Red / White / Yeast / Breast: not-MIWAE self-masking known 1.13 /
+    1.52 / 1.41 / 1.44 / 1.43 / 0.93, MIWAE 1.41 / 1.73 / 1.71 / 1.65 / 1.67 / 1.28, mean 1.73 / 1.85 /
+    1.84 / 1.74 / 1.73 / 1.82; PPCA-like not-MIWAE self-masking (3,000) 1.23 / 1.37 / 1.32 / 1.35 / 1.21 /
+    0.76, PPCA 1.39 / 1.62 / 1.62 / 1.51 / 1.72 / 0.85. PPCA's Breast was 1.14 while EM stopped at 300
+    iterations, far from the maximum; at the maximum PPCA sits 0.09 above the PPCA-like not-MIWAE there
+    (0.14 at the full protocol), hence the smaller margin for that pair."""
     shortened = {"500": ["notmiwae-self-masking-known", "miwae", "mean", "ppca"],
                  "3000": ["notmiwae-ppca-self-masking"]}
     rmse = {}
@@ -225,7 +226,7 @@ def test_the_papers_ordering_holds_on_all_six_sets(tmp_path):
     for name in UCI_DATASETS:
         assert rmse[name, "notmiwae-self-masking-known"] < rmse[name, "miwae"] - 0.05, name
         assert rmse[name, "notmiwae-self-masking-known"] < rmse[name, "mean"] - 0.2, name
-        assert rmse[name, "notmiwae-ppca-self-masking"] < rmse[name, "ppca"] - 0.1, name
+        assert rmse[name, "notmiwae-ppca-self-masking"] < rmse[name, "ppca"] - 0.05, name
 
 
 def test_sampled_imputation_reaches_the_agnostic_imputer(tmp_path, monkeypatch, capsys):
