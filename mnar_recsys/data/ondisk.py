@@ -65,14 +65,6 @@ class DiskCSRRows(RowSource):
         reduction walks them and may drop them again, and the mean equals the in-memory one bit for bit."""
         return self.data
 
-    def observed_fraction(self) -> np.ndarray:
-        counts = np.zeros(self.n_features, dtype=np.int64)
-        for start in range(0, self.nnz, CHUNK):
-            cols = self.indices[start:start + CHUNK]
-            _check_columns(self.directory / "indices.npy", cols, range(start, start + cols.size), self.n_features)
-            counts += np.bincount(cols, minlength=self.n_features)
-        return counts / max(self.n_rows, 1)
-
 
 def save_csr(matrix: sp.spmatrix, directory: str | Path, *, user_ids: np.ndarray | None = None,
              item_ids: np.ndarray | None = None) -> Path:
@@ -297,6 +289,10 @@ def _id_array(ids: np.ndarray, n: int, name: str) -> np.ndarray:
     array = np.asarray(ids)
     if array.shape != (n,):
         raise ValueError(f"{name} ids must be one per {name[:-1]} ({n}), got shape {array.shape}")
+    if array.dtype.kind == "u" and array.size and array.max() > np.iinfo(np.int64).max:
+        # astype would wrap them round to negative ids without a word
+        k = int(np.argmax(array > np.iinfo(np.int64).max))
+        raise ValueError(f"{name} ids must fit in int64 or be strings: id {array[k]} (position {k}) does not")
     if array.dtype.kind in "iu":
         return array.astype(np.int64)
     if array.dtype.kind in "UO":

@@ -62,6 +62,9 @@ def batch_from_csr(sub: sp.csr_matrix) -> RowBatch:
     return _batch_from_coordinates(sub.shape[0], sub.shape[1], rows, sub.indices, sub.data)
 
 
+SUMMARY_ROWS = 4096  # rows per batch read by RowSource.observed_summary
+
+
 class RowSource:
     """Validated rows that can be cut into batches; build one with :func:`as_rows`."""
 
@@ -72,12 +75,21 @@ class RowSource:
         raise NotImplementedError
 
     def observed_values(self) -> np.ndarray:
-        """All observed values (for range checks and initialisation)."""
+        """All observed values (for range checks)."""
         raise NotImplementedError
 
-    def observed_fraction(self) -> np.ndarray:
-        """Per-feature fraction of rows where the feature is observed, shape (p,)."""
-        raise NotImplementedError
+    def observed_summary(self, index: np.ndarray) -> tuple[np.ndarray, float]:
+        """Over the rows `index`: the per-feature fraction where the feature is observed, shape (p,), and the
+        mean observed value (0 without any), which the missing model starts from. Read SUMMARY_ROWS rows
+        at a time, so that rows on disk stay there."""
+        counts = np.zeros(self.n_features, dtype=np.int64)
+        total, n_values = 0.0, 0
+        for start in range(0, len(index), SUMMARY_ROWS):
+            batch = self.batch(index[start:start + SUMMARY_ROWS])
+            counts += np.bincount(batch.obs_col.numpy(), minlength=self.n_features)
+            total += float(batch.obs_value.double().sum())
+            n_values += batch.obs_value.numel()
+        return counts / max(len(index), 1), total / n_values if n_values else 0.0
 
 
 class CSRRows(RowSource):
@@ -92,9 +104,6 @@ class CSRRows(RowSource):
 
     def observed_values(self) -> np.ndarray:
         return self.matrix.data
-
-    def observed_fraction(self) -> np.ndarray:
-        return np.bincount(self.matrix.indices, minlength=self.n_features) / max(self.n_rows, 1)
 
 
 class DenseRows(RowSource):
@@ -112,9 +121,6 @@ class DenseRows(RowSource):
 
     def observed_values(self) -> np.ndarray:
         return self.array[self.observed]
-
-    def observed_fraction(self) -> np.ndarray:
-        return self.observed.mean(axis=0)
 
 
 def _check_csr(matrix: sp.spmatrix) -> sp.csr_matrix:

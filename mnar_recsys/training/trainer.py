@@ -88,17 +88,28 @@ def _batches(n_rows: int, batch_size: int, rng: np.random.Generator):
             yield order[start:start + size]
 
 
+CHECK_CHUNK = 1 << 22  # observed values per chunk of prepare_rows' checks (16 MB of float32)
+
+
 def prepare_rows(model: NotMIWAE, data: "np.ndarray | sp.spmatrix | RowSource") -> RowSource:
     """Validate rows for this model: shape and the decoder's support."""
     rows = as_rows(data)
     if rows.n_features != model.n_features:
         raise ValueError(f"the model has {model.n_features} features but the rows have {rows.n_features}")
     values = rows.observed_values()
-    if not np.isfinite(values).all():  # a stored NaN in sparse rows, or an infinity, would make the bound NaN
-        raise ValueError(f"{int((~np.isfinite(values)).sum())} observed values are NaN or infinite (e.g. "
-                         f"{values[~np.isfinite(values)][0]}); sparse rows store observed values only, and dense "
-                         "rows mark a missing one with NaN")
-    model.decoder.check_values(values)
+    # a chunk at a time: rows on disk are memory-mapped, and a check over the whole array at once would hold
+    # a few bytes per rating in memory
+    for start in range(0, values.size, CHECK_CHUNK):
+        part = np.asarray(values[start:start + CHECK_CHUNK])
+        among = "" if values.size <= CHECK_CHUNK else f" among observed entries {start}..{start + part.size - 1}"
+        if not np.isfinite(part).all():  # a stored NaN in sparse rows, or an infinity, would make the bound NaN
+            raise ValueError(f"{int((~np.isfinite(part)).sum())} observed values{among} are NaN or infinite (e.g. "
+                             f"{part[~np.isfinite(part)][0]}); sparse rows store observed values only, and dense "
+                             "rows mark a missing one with NaN")
+        try:
+            model.decoder.check_values(part)
+        except ValueError as error:
+            raise ValueError(f"{error}{among}") from None
     return rows
 
 
@@ -118,9 +129,8 @@ def fit(model: NotMIWAE, data: "np.ndarray | sp.spmatrix | RowSource", config: T
     except Exception as error:  # any rank's failure stops every rank (see distributed.agree)
         failure = error
     distributed.agree(failure)
-    if initialise_missing:
-        observed = rows.observed_values()
-        model.missing_model.initialise(rows.observed_fraction(), float(observed.mean()) if observed.size else 0.0)
+    if initialise_missing:  # from the training rows alone: the held-out ones pick the kept parameters
+        model.missing_model.initialise(*rows.observed_summary(np.sort(training)))
     model.to(device).train()
     step_model = _data_parallel(model, device)
     # fused: one kernel for all parameters; the per-tensor loop took a tenth of a small model's step

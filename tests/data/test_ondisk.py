@@ -55,7 +55,10 @@ def test_round_trip_gives_the_in_memory_batches(tmp_path, monkeypatch):
                   *(rng.integers(0, matrix.shape[0], 25) for _ in range(10))]:
         assert_same_batch(rows.batch(index), memory.batch(index))
     monkeypatch.setattr(ondisk, "CHUNK", 7)  # several chunks
-    np.testing.assert_array_equal(rows.observed_fraction(), memory.observed_fraction())
+    for index in (np.arange(matrix.shape[0]), np.array([3, 0, 9])):
+        fraction, mean = rows.observed_summary(index)
+        np.testing.assert_array_equal(fraction, memory.observed_summary(index)[0])
+        assert mean == memory.observed_summary(index)[1]
     np.testing.assert_array_equal(rows.observed_values(), memory.observed_values())
     np.testing.assert_array_equal(rows.user_ids, users)
     np.testing.assert_array_equal(rows.item_ids, items)
@@ -182,7 +185,7 @@ def test_indptr_that_decreases_and_columns_out_of_range_are_named(folder):
     with pytest.raises(ValueError, match=r"indices\.npy: entry 0 has column 30, outside 0\.\.29"):
         rows.batch(np.arange(3))
     with pytest.raises(ValueError, match=r"indices\.npy: entry 0 has column 30"):
-        rows.observed_fraction()
+        rows.observed_summary(np.arange(rows.n_rows))
     with pytest.raises(FileNotFoundError, match="no such folder"):
         open_csr(folder / "nowhere")
 
@@ -195,6 +198,36 @@ def test_fit_refuses_a_nan_value_in_the_folder(folder):
     model = build_model(ModelConfig(n_features=30, latent_dim=2, embedding_dim=4, code_dim=6))
     with pytest.raises(ValueError, match=r"1 observed values are NaN or infinite \(e\.g\. nan\)"):
         fit(model, open_csr(folder), TrainConfig(iterations=2, batch_size=16, device="cpu", progress=False))
+
+
+def test_the_values_are_checked_a_chunk_at_a_time(folder, monkeypatch):
+    """Rows on disk are memory-mapped: fit's checks read their values a chunk at a time rather than holding
+    a few bytes per rating, and a failure names the chunk it was found in."""
+    from mnar_recsys.training import trainer
+
+    monkeypatch.setattr(trainer, "CHECK_CHUNK", 16)
+    data = np.load(folder / "data.npy")
+    data[[20, 21]] = [np.inf, 7.0]
+    np.save(folder / "data.npy", data)
+    model = build_model(ModelConfig(n_features=30, latent_dim=2, embedding_dim=4, code_dim=6))
+    config = TrainConfig(iterations=2, batch_size=16, device="cpu", progress=False)
+    with pytest.raises(ValueError, match=r"1 observed values among observed entries 16\.\.31 are NaN or infinite"):
+        fit(model, open_csr(folder), config)
+    data[20] = 3.0
+    np.save(folder / "data.npy", data)
+    with pytest.raises(ValueError, match=r"squashed to \[1\.0, 5\.0\] but 1 observed values lie outside it "
+                                         r"\(e\.g\. 7\.0\) among observed entries 16\.\.31"):
+        fit(model, open_csr(folder), config)
+
+
+def test_unsigned_ids_beyond_int64_are_refused(tmp_path):
+    matrix = sp.csr_matrix(np.array([[1.0, 0.0], [0.0, 2.0]]))
+    with pytest.raises(ValueError, match=r"users ids must fit in int64 or be strings: id 18446744073709551615 "
+                                         r"\(position 1\) does not"):
+        save_csr(matrix, tmp_path / "m", user_ids=np.array([5, 2**64 - 1], dtype=np.uint64))
+    assert not (tmp_path / "m").exists()
+    rows = open_csr(save_csr(matrix, tmp_path / "m", user_ids=np.array([5, 2**63 - 1], dtype=np.uint64)))
+    np.testing.assert_array_equal(rows.user_ids, [5, 2**63 - 1])
 
 
 def test_fit_from_disk_equals_fit_in_memory(tmp_path):

@@ -310,7 +310,7 @@ def test_integrated_bound_is_tighter_and_its_weights_less_noisy():
     rows = rng.integers(1, 6, size=(n_rows, n_features)).astype(float)
     rows[rng.random(rows.shape) < 0.75] = np.nan
     source = as_rows(rows)
-    model.missing_model.initialise(source.observed_fraction(), float(np.nanmean(rows)))
+    model.missing_model.initialise(source.observed_summary(np.arange(n_rows))[0], float(np.nanmean(rows)))
     with torch.no_grad():
         model.missing_model.raw_weight.fill_(math.log(math.expm1(1.0)))
         model.encoder.head.linear.weight.zero_()
