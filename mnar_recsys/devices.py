@@ -12,8 +12,8 @@ DEVICES = ("auto", "cpu", "cuda")
 def check_device_name(name: str) -> str:
     """The kind of a device name ('auto', 'cpu', 'cuda' or 'cuda:N'); ValueError for any other spelling, so
     a config can refuse it before any work, on a machine with or without a GPU."""
-    kind, _, index = name.partition(":")
-    if kind not in DEVICES or (index and (kind == "auto" or not index.isdigit())):
+    kind, colon, index = name.partition(":")
+    if kind not in DEVICES or (colon and (kind == "auto" or not index.isdigit())):  # "cuda:" too
         raise ValueError(f"device must be one of {DEVICES} (or 'cuda:N'), got {name!r}")
     return kind
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import asdict, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
@@ -47,11 +48,18 @@ def check_seeds(label: str, seeds: tuple[int, ...] | list[int], most: int = MAX_
 
 
 def check_output_folder(out: str | Path) -> None:
-    """Refuse an --out that cannot become a results folder (empty, or an existing file) before anything runs."""
+    """Refuse an --out that cannot become a results folder before anything runs: empty, an existing file, or
+    a path whose nearest existing folder is a file or cannot be written (training would be lost)."""
     if str(out) == "":
         raise ValueError("--out is empty: name the results folder")
-    if Path(out).exists() and not Path(out).is_dir():
+    path = Path(out).absolute()
+    if path.exists() and not path.is_dir():
         raise ValueError(f"--out {out} is a file, not a folder")
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        raise ValueError(f"--out {out} lies under {existing}, a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {out}: {existing} cannot be written to")
 
 
 def check_no_repeats(label: str, values: tuple | list) -> None:

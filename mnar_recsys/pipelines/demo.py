@@ -7,6 +7,7 @@ the features a value goes missing when it is above the feature's mean (the paper
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from dataclasses import dataclass
 
@@ -39,6 +40,8 @@ class DemoConfig:
         check_counts(self, {**dict.fromkeys(("n_rows", "rank", "iterations", "n_samples", "importance_samples"), 1),
                             "n_features": 2})
         check_seeds("--seed", [self.seed], most=TORCH_MAX_SEED)  # torch and NumPy's Generator only
+        if not (math.isfinite(self.noise) and self.noise >= 0):
+            raise ValueError(f"--noise must be a finite sd, 0 or more, got {self.noise}")
 
 
 def low_rank_self_masked(config: DemoConfig) -> tuple[np.ndarray, np.ndarray]:

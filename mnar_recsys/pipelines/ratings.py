@@ -330,8 +330,10 @@ def run_ratings(run: RatingsRun, progress: bool = True) -> dict[str, Any]:
 
 
 def describe(data: RatingsData) -> dict[str, Any]:
+    """The data's name and sizes, with the sha256 of each file read (a file that differs from the published
+    one warns only, so the record keeps what was read)."""
     return {"name": data.name, "n_users": data.n_users, "n_items": data.n_items, "n_train": int(data.train.nnz),
-            "n_test": int(data.test.nnz), "rating_scale": data.rating_scale}
+            "n_test": int(data.test.nnz), "rating_scale": data.rating_scale, "sha256": data.meta.get("sha256")}
 
 
 def summary_table(records: list[dict[str, Any]]) -> str:

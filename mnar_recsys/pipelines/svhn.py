@@ -22,6 +22,7 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 
 from mnar_recsys.checks import check_positive_finite
+from mnar_recsys.devices import resolve_device
 from mnar_recsys.pipelines.arguments import (TORCH_MAX_SEED, add_config_options, check_counts, check_device_option,
                                                 check_output_folder, check_seeds,
                                                 config_from_options, option)
@@ -102,6 +103,8 @@ def load_images(data_dir: str | None, config: SVHNConfig) -> tuple[np.ndarray, n
         return train, test, f"svhn:{data_dir}"
     n_test = config.n_test or 297
     n_train = config.n_train or 1797 - n_test
+    if n_train < 1:
+        raise ValueError(f"--n-test {n_test} leaves none of the digits stand-in's 1,797 images for training")
     if n_train + n_test > 1797:
         raise ValueError(f"the digits stand-in has 1,797 images: --n-train {n_train} and --n-test {n_test} ask for "
                          f"{n_train + n_test}")
@@ -187,6 +190,7 @@ def grid_figure(rows: dict[str, np.ndarray], n_show: int = 8) -> Figure:
 
 def run_svhn(config: SVHNConfig, out: Path, data_dir: str | None = None, progress: bool = False) -> dict[str, Any]:
     """Run the experiment on SVHN (`data_dir`) or the digits stand-in; see `run_clipping`."""
+    check_output_folder(out)  # before reading the images, as run_clipping checks again for its other callers
     train_images, test_images, source = load_images(data_dir, config)
     return run_clipping(train_images, test_images, config, out, source, progress)
 
@@ -201,7 +205,8 @@ def run_clipping(train_images: np.ndarray, test_images: np.ndarray, config: SVHN
     mask = clipping_mask(flat, np.random.default_rng(config.seed))
     masked = apply_mask(flat, mask)
     results: dict[str, Any] = {"constant-ones": {"rmse": imputation_rmse(flat, np.ones_like(flat), mask)}}
-    payload = {"provenance": provenance(), "config": asdict(config), "source": source,
+    payload = {"provenance": provenance(), "config": asdict(config), "device_used": str(resolve_device(config.device)),
+               "threads": torch.get_num_threads(), "source": source,
                "n_train": len(train_images), "n_test": len(test_images), "missing_rate": float(1 - mask.mean()),
                "results": results, "paper": PAPER, "complete": False}
     imputed = {}

@@ -157,3 +157,13 @@ def test_the_authors_propensities_load_and_a_bad_one_is_named(tmp_path):
         with pytest.raises(ValueError, match=r"propensities\.ascii, line 4, column 8: expected a propensity in "
                                              r"\(0, 1\], found '1\.5'"):
             coat.load_coat_propensities(tmp_path)
+
+
+def test_the_results_record_the_files_checksums(tmp_path):
+    """A file that differs from the published one only warns, so the results keep the sha256 of what was read."""
+    from mnar_recsys.data.files import sha256_of
+    from mnar_recsys.pipelines.ratings import describe
+
+    small_coat(tmp_path)
+    assert describe(load_quietly(tmp_path))["sha256"] == {name: sha256_of(tmp_path / name)
+                                                          for name in ("train.ascii", "test.ascii")}

@@ -39,8 +39,11 @@ def test_cli_prints_the_three_rmses(capsys, torch_threads):
 
 
 def test_cli_refuses_sizes_that_leave_nothing_to_do(capsys):
-    """One feature leaves no first half to self-mask; no rows, nothing to fit."""
+    """One feature leaves no first half to self-mask; no rows, nothing to fit; a negative or NaN noise sd, no data."""
     assert main(["demo", "--n-features", "1"]) == 2
     assert "--n-features must be at least 2, got 1" in capsys.readouterr().err
     assert main(["demo", "--n-rows", "0"]) == 2
     assert "--n-rows must be at least 1, got 0" in capsys.readouterr().err
+    for noise in ("-1", "nan"):
+        assert main(["demo", "--noise", noise]) == 2
+        assert f"--noise must be a finite sd, 0 or more, got {float(noise)}" in capsys.readouterr().err

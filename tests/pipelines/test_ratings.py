@@ -187,10 +187,11 @@ def test_a_run_that_stops_part_way_says_so_in_its_files(tmp_path, capsys, monkey
 
 def test_an_out_that_is_a_file_is_refused_before_any_work(tmp_path, capsys):
     (tmp_path / "taken").write_text("mine")
-    for out in (tmp_path / "taken", ""):
+    for out in (tmp_path / "taken", "", tmp_path / "taken" / "sub" / "deeper"):
         assert main(["ratings", "--models", "mf", "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert f"--out {tmp_path / 'taken'} is a file, not a folder" in err and "--out is empty" in err
+    assert f"--out {tmp_path / 'taken' / 'sub' / 'deeper'} lies under {tmp_path / 'taken'}, a file" in err
     assert (tmp_path / "taken").read_text() == "mine"
 
 

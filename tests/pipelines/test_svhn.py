@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from scipy.io import savemat
 
 from mnar_recsys.cli import main
@@ -26,6 +27,7 @@ def test_true_clipping_model_imputes_bright_pixels(tmp_path):
     assert all(np.isfinite(results[m]["test_log_likelihood"]) for m in ("notmiwae", "miwae"))
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["provenance"]["commit"] is not None and saved["config"]["lr"] == 0.01 and saved["complete"] is True
+    assert saved["threads"] == torch.get_num_threads() and saved["device_used"] in ("cpu", "cuda:0")
     assert {p.name for p in tmp_path.iterdir()} >= {"results.json", "results.md", "histograms.png", "images.png"}
     assert "not-MIWAE" in (tmp_path / "results.md").read_text()
 
@@ -57,6 +59,8 @@ def test_bad_inputs(tmp_path, capsys):
     assert "--conv-channels must be comma-separated integers" in capsys.readouterr().err
     assert main(["svhn", "--n-train", "5000", "--n-test", "16", "--out", str(tmp_path / "out")]) == 2
     assert "1,797 images: --n-train 5000 and --n-test 16 ask for 5016" in capsys.readouterr().err
+    assert main(["svhn", "--n-test", "1797", "--out", str(tmp_path / "out")]) == 2
+    assert "--n-test 1797 leaves none of the digits stand-in's 1,797 images for training" in capsys.readouterr().err
     # refused as the config is made, before the (missing) files are looked for
     assert main(["svhn", "--data-dir", str(tmp_path / "none"), "--ll-samples", "0", "--out", str(tmp_path / "out")]) == 2
     assert "--ll-samples must be at least 1, got 0" in capsys.readouterr().err

@@ -115,7 +115,8 @@ def test_a_numbered_gpu_beyond_those_torch_sees_is_refused(monkeypatch):
 
 
 @pytest.mark.parametrize("name, kind", [("auto", "auto"), ("cpu", "cpu"), ("cuda", "cuda"), ("cuda:1", "cuda"),
-                                        ("cpu:0", "cpu"), ("tpu", None), ("cuda:x", None), ("auto:0", None), ("", None)])
+                                        ("cpu:0", "cpu"), ("tpu", None), ("cuda:x", None), ("auto:0", None), ("", None),
+                                        ("cuda:", None), ("cpu:", None)])
 def test_device_names_are_checked_without_a_gpu(name, kind):
     """Spelling alone, as configs check it before any work, on any machine."""
     if kind is None:
