@@ -133,12 +133,19 @@ def _table_position(record: dict[str, Any]) -> tuple:
 
 
 def write_table(merged: dict[str, Any], out: Path) -> str:
-    """Write results.json, results.md and rmse.png to `out`; return the markdown."""
+    """Write results.json, results.md and rmse.png to `out`; return the markdown. results.json says
+    "complete": false until the other two are written, as a `uci` run's does, and results.md names the
+    sources whose own runs had stopped before the end."""
     records = merged["records"]
     text = results_markdown(records, merged["protocol"])
-    write_json(out / "results.json", merged)
+    stopped = [source["path"] for source in merged["sources"] if source.get("complete") is False]
+    if stopped:
+        text = (f"**Incomplete**: {', '.join(stopped)} stopped before every run was written; their rows hold "
+                "the runs that were.\n\n" + text)
+    write_json(out / "results.json", {**merged, "complete": False})
     write_atomic(out / "results.md", text)
     rmse_figure(records, out / "rmse.png")
+    write_json(out / "results.json", {**merged, "complete": True})
     return text
 
 

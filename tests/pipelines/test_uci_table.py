@@ -37,7 +37,7 @@ def test_runs_merge_into_one_table(runs, capsys):
                  str(runs / "best"), "--out", str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["results.json", "results.md", "rmse.png"]
     merged = json.loads((out / "results.json").read_text())
-    assert len(merged["sources"]) == 4 and merged["protocol"]["iterations"] == 5
+    assert len(merged["sources"]) == 4 and merged["protocol"]["iterations"] == 5 and merged["complete"] is True
     # a best-of-two fit is not one run of the protocol, so it gets a row of its own; the mean has no fits
     # to choose from and pools with its other seeds
     assert [(r["model"], r["seed"]) for r in merged["records"]] == [
@@ -56,6 +56,17 @@ def test_runs_merge_into_one_table(runs, capsys):
     best = rmse(runs / "best" / "results.json", "notmiwae-agnostic")[0]
     assert f"| notmiwae-agnostic (best of 2) | {best:.3f}, n=1 |" in table
     assert "merged 7 runs from 4 files" in capsys.readouterr().out
+    assert "Incomplete" not in table
+
+
+def test_a_stopped_run_is_named_in_the_table(runs):
+    """A `uci` run stopped early leaves "complete": false in its results.json; the table says which source it was."""
+    path = runs / "seed1" / "results.json"
+    payload = json.loads(path.read_text())
+    path.write_text(json.dumps({**payload, "complete": False}))
+    assert main(["uci-table", str(runs / "seed0"), str(path), "--out", str(runs / "t")]) == 0
+    table = (runs / "t" / "results.md").read_text()
+    assert table.startswith(f"**Incomplete**: {path} stopped before every run was written")
 
 
 def test_a_table_merged_into_the_folder_it_reads_is_not_read_again(runs, capsys):
