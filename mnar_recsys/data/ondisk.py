@@ -61,8 +61,8 @@ class DiskCSRRows(RowSource):
                                             shape=(index.size, self.n_features)))
 
     def observed_values(self) -> np.ndarray:
-        """The memory-mapped values themselves: nothing is copied, the operating system reads pages as a
-        reduction walks them and may drop them again, and the mean equals the in-memory one bit for bit."""
+        """The memory-mapped values themselves: nothing is copied, and the operating system reads pages as
+        the checks walk them (a chunk at a time, `prepare_rows`) and may drop them again."""
         return self.data
 
 
