@@ -118,6 +118,14 @@ def _patterns(S: np.ndarray) -> _Patterns:
     return _Patterns(observed, of_row.ravel(), counts)
 
 
+def _sum_over_observing_rows(patterns: _Patterns, per_pattern: np.ndarray) -> np.ndarray:
+    """For each feature j, the sum of a per-pattern (q x q) matrix over the rows that observe j:
+    Σ_p count_p O_pj X_p, (D, q, q)."""
+    q = per_pattern.shape[-1]
+    return ((patterns.observed * patterns.counts[:, None]).T @ per_pattern.reshape(len(per_pattern), -1)
+            ).reshape(-1, q, q)
+
+
 def _e_step(X0: np.ndarray, S: np.ndarray, W: np.ndarray, mu: np.ndarray, s2: float, patterns: _Patterns):
     """Posterior moments of z given each row's observed entries, and the observed-data log-likelihood:
     E[z] per row, Cov[z] per pattern.
@@ -151,8 +159,7 @@ def _m_step(X0: np.ndarray, S: np.ndarray, Ez: np.ndarray, Cov: np.ndarray, n_ob
     n, q = Ez.shape
     Zt = np.hstack([Ez, np.ones((n, 1))])
     A = (S.T @ (Zt[:, :, None] * Zt[:, None, :]).reshape(n, -1)).reshape(-1, q + 1, q + 1)
-    # each row's Cov[z] added once per observed column: Σ_p count_p O_pj Cov_p
-    A[:, :q, :q] += ((patterns.observed * patterns.counts[:, None]).T @ Cov.reshape(len(Cov), -1)).reshape(-1, q, q)
+    A[:, :q, :q] += _sum_over_observing_rows(patterns, Cov)  # each row's Cov[z] once per observed column
     rhs = (S * X0).T @ Zt
     Wt = np.linalg.solve(A, rhs[..., None])[..., 0]
     resid = (S * X0**2).sum() - 2.0 * (S * X0 * (Zt @ Wt.T)).sum() + np.einsum("jk,jkl,jl->", Wt, A, Wt)
@@ -191,9 +198,7 @@ def _loglik_and_gradient(W: np.ndarray, mu: np.ndarray, s2: float, X0: np.ndarra
     Ez, Cov, loglik = _e_step(X0, S, W, mu, s2, patterns)
     Minv = Cov / s2
     g = S * (X0 - mu - Ez @ W.T) / s2
-    # Σ over the rows observing feature j of M^-1, per pattern as in the M-step
-    per_feature = ((patterns.observed * patterns.counts[:, None]).T @ Minv.reshape(len(Minv), -1)).reshape(-1, q, q)
-    grad_W = g.T @ (g @ W) - np.einsum("jkl,jl->jk", per_feature, W)
+    grad_W = g.T @ (g @ W) - np.einsum("jkl,jl->jk", _sum_over_observing_rows(patterns, Minv), W)
     trace_Cinv = (patterns.observed.sum(1) - q + s2 * np.trace(Minv, axis1=1, axis2=2)) / s2
     grad_s2 = 0.5 * ((g ** 2).sum() - patterns.counts @ trace_Cinv)
     return loglik, grad_W, g.sum(0), float(grad_s2)
