@@ -29,6 +29,8 @@ from baselines.registry import BASELINES, GRIDS, make_baseline, tune_baseline
 from mnar_recsys.checks import check_positive_finite
 from mnar_recsys.data import (RatingsData, SimulatorConfig, load_coat, load_coat_propensities, load_yahoo_r3,
                               simulate_ratings)
+from mnar_recsys.data.coat import PROPENSITIES
+from mnar_recsys.data.files import sha256_of
 from mnar_recsys.data.simulator import SELECTIONS
 from mnar_recsys.devices import resolve_device
 from mnar_recsys.estimators.recommender import VARIANTS, NotMIWAERecommender, OracleRecommender, make_recommender
@@ -205,14 +207,14 @@ def tune(name: str, split: MCARSplit, run: RatingsRun, rating_scale: tuple[float
 
 def run_settings(run: RatingsRun) -> dict[str, Any]:
     """The run's configuration (the simulator's settings only when it ran), how many processes train together,
-    the device `auto` chose and the CPU threads (a seed repeats a run bit for bit at a fixed number of
+    their backend, the device `auto` chose and the CPU threads (a seed repeats a run bit for bit at a fixed number of
     threads), for the results."""
     if run.data == "synthetic":
         settings = {**asdict(run), "test_users": simulated_test_users(run)}
     else:
         settings = {name: value for name, value in asdict(run).items() if name not in SYNTHETIC_ONLY}
     return {**settings, "mcar_sample_fraction": MCAR_SAMPLE_FRACTION, "processes": distributed.world_size(),
-            "device_used": str(resolve_device(run.device)), "threads": torch.get_num_threads() if run.jobs == 1 else 1}
+            "backend": distributed.backend_in_use(), "device_used": str(resolve_device(run.device)), "threads": torch.get_num_threads() if run.jobs == 1 else 1}
 
 
 def model_settings(model: Recommender, n_items: int) -> dict[str, Any]:
@@ -297,7 +299,7 @@ def run_ratings(run: RatingsRun, progress: bool = True) -> dict[str, Any]:
     order = {task[1:3]: position for position, task in enumerate(tasks)}
     records, estimator, predictions, finished = [], [], {}, {}
     # "complete" stays false until every run and figure is written: a stopped run's files say so
-    results = {"data": describe(data), "config": run_settings(run), "provenance": provenance(), "records": records,
+    results = {"data": describe(data, run), "config": run_settings(run), "provenance": provenance(), "records": records,
                "estimator_k": estimator, "planned_runs": len(tasks), "complete": False}
     for (_, seed, name, _), (record, predicted, studied) in run_tasks(fit_one, tasks, run.jobs):
         if not finished:  # an earlier run's files stay until this run has a record to replace them
@@ -329,11 +331,14 @@ def run_ratings(run: RatingsRun, progress: bool = True) -> dict[str, Any]:
     return results
 
 
-def describe(data: RatingsData) -> dict[str, Any]:
-    """The data's name and sizes, with the sha256 of each file read (a file that differs from the published
-    one warns only, so the record keeps what was read)."""
+def describe(data: RatingsData, run: RatingsRun) -> dict[str, Any]:
+    """The data's name and sizes, with the sha256 of each file read, Coat's propensities included when a model
+    reads them (a file that differs from the published one warns only, so the record keeps what was read)."""
+    digests = data.meta.get("sha256")
+    if GIVEN_PROPENSITIES & set(run.models):
+        digests = {**digests, PROPENSITIES: sha256_of(Path(run.data_dir) / PROPENSITIES)}
     return {"name": data.name, "n_users": data.n_users, "n_items": data.n_items, "n_train": int(data.train.nnz),
-            "n_test": int(data.test.nnz), "rating_scale": data.rating_scale, "sha256": data.meta.get("sha256")}
+            "n_test": int(data.test.nnz), "rating_scale": data.rating_scale, "sha256": digests}
 
 
 def summary_table(records: list[dict[str, Any]]) -> str:

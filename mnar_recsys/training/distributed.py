@@ -69,6 +69,11 @@ def world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
+def backend_in_use() -> str | None:
+    """The process group's backend (its reductions may round differently), None outside one."""
+    return dist.get_backend() if dist.is_initialized() else None
+
+
 def is_main_process() -> bool:
     """Only this process writes checkpoints, results and progress bars."""
     return rank() == 0

@@ -160,10 +160,16 @@ def test_the_authors_propensities_load_and_a_bad_one_is_named(tmp_path):
 
 
 def test_the_results_record_the_files_checksums(tmp_path):
-    """A file that differs from the published one only warns, so the results keep the sha256 of what was read."""
+    """A file that differs from the published one only warns, so the results keep the sha256 of what was read:
+    the propensities file's too when a model reads it."""
     from mnar_recsys.data.files import sha256_of
-    from mnar_recsys.pipelines.ratings import describe
+    from mnar_recsys.pipelines.ratings import RatingsRun, describe
 
     small_coat(tmp_path)
-    assert describe(load_quietly(tmp_path))["sha256"] == {name: sha256_of(tmp_path / name)
-                                                          for name in ("train.ascii", "test.ascii")}
+    (tmp_path / coat.PROPENSITIES).write_text("\n".join(" ".join(["0.08"] * coat.SHAPE[1]) for _ in range(coat.SHAPE[0])))
+    data = load_quietly(tmp_path)
+    ratings = {name: sha256_of(tmp_path / name) for name in ("train.ascii", "test.ascii")}
+    run = RatingsRun(data="coat", data_dir=str(tmp_path), models=("mf", "mf-ips"))
+    assert describe(data, run)["sha256"] == ratings
+    run = RatingsRun(data="coat", data_dir=str(tmp_path), models=("mf", "mf-ips-given"))
+    assert describe(data, run)["sha256"] == {**ratings, coat.PROPENSITIES: sha256_of(tmp_path / coat.PROPENSITIES)}

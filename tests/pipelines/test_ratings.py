@@ -243,7 +243,7 @@ def test_ratings_runs_data_parallel_under_torchrun(tmp_path):
     assert launched.returncode == 0, launched.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     assert [r["model"] for r in results["records"]] == ["notmiwae-gaussian", "mf"]
-    assert results["config"]["processes"] == 2
+    assert results["config"]["processes"] == 2 and results["config"]["backend"] == "gloo"
     assert launched.stdout.count("| notmiwae-gaussian | 1 |") == 1  # one table, printed by process 0 only
 
 
@@ -277,6 +277,7 @@ def test_cli_unobserved_samples_is_recorded(tmp_path, capsys):
     assert record["config"]["model"]["train"]["seed"] == record["config"]["model"]["importance"]["seed"] == 0
     assert record["config"]["run"]["device_used"] == str(resolve_device("auto"))
     assert record["config"]["run"]["threads"] >= 1
+    assert record["config"]["run"]["backend"] is None  # no process group: one process
     assert "7 unobserved items per user" in (out / "results.md").read_text()
     assert main(["ratings", "--unobserved-samples", "0", "--out", str(tmp_path)]) == 2
     assert "--unobserved-samples must be at least 1" in capsys.readouterr().err
