@@ -207,14 +207,15 @@ def tune(name: str, split: MCARSplit, run: RatingsRun, rating_scale: tuple[float
 
 def run_settings(run: RatingsRun) -> dict[str, Any]:
     """The run's configuration (the simulator's settings only when it ran), how many processes train together,
-    their backend, the device `auto` chose and the CPU threads (a seed repeats a run bit for bit at a fixed number of
-    threads), for the results."""
+    their backend, the device `auto` chose and the CPU threads (a seed repeats a run bit for bit at a fixed
+    number of threads), for the results."""
     if run.data == "synthetic":
         settings = {**asdict(run), "test_users": simulated_test_users(run)}
     else:
         settings = {name: value for name, value in asdict(run).items() if name not in SYNTHETIC_ONLY}
     return {**settings, "mcar_sample_fraction": MCAR_SAMPLE_FRACTION, "processes": distributed.world_size(),
-            "backend": distributed.backend_in_use(), "device_used": str(resolve_device(run.device)), "threads": torch.get_num_threads() if run.jobs == 1 else 1}
+            "backend": distributed.backend_in_use(), "device_used": str(resolve_device(run.device)),
+            "threads": torch.get_num_threads() if run.jobs == 1 else 1}
 
 
 def model_settings(model: Recommender, n_items: int) -> dict[str, Any]:

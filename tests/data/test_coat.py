@@ -166,7 +166,8 @@ def test_the_results_record_the_files_checksums(tmp_path):
     from mnar_recsys.pipelines.ratings import RatingsRun, describe
 
     small_coat(tmp_path)
-    (tmp_path / coat.PROPENSITIES).write_text("\n".join(" ".join(["0.08"] * coat.SHAPE[1]) for _ in range(coat.SHAPE[0])))
+    row = " ".join(["0.08"] * coat.SHAPE[1])
+    (tmp_path / coat.PROPENSITIES).write_text("\n".join([row] * coat.SHAPE[0]))
     data = load_quietly(tmp_path)
     ratings = {name: sha256_of(tmp_path / name) for name in ("train.ascii", "test.ascii")}
     run = RatingsRun(data="coat", data_dir=str(tmp_path), models=("mf", "mf-ips"))
