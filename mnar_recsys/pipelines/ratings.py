@@ -42,7 +42,7 @@ from mnar_recsys.evaluation.reports import (markdown_table, provenance, remove_p
 from mnar_recsys.inference.importance import ImportanceConfig
 from mnar_recsys.pipelines.arguments import (check_counts, check_device_option, check_no_repeats, check_output_folder,
                                              check_seeds)
-from mnar_recsys.pipelines.workers import run_tasks
+from mnar_recsys.pipelines.workers import run_tasks, threads_per_run
 from mnar_recsys.training import distributed
 from mnar_recsys.training.distributed import BACKENDS
 from mnar_recsys.training.trainer import TrainConfig
@@ -215,7 +215,7 @@ def run_settings(run: RatingsRun) -> dict[str, Any]:
         settings = {name: value for name, value in asdict(run).items() if name not in SYNTHETIC_ONLY}
     return {**settings, "mcar_sample_fraction": MCAR_SAMPLE_FRACTION, "processes": distributed.world_size(),
             "backend": distributed.backend_in_use(), "device_used": str(resolve_device(run.device)),
-            "threads": torch.get_num_threads() if run.jobs == 1 else 1}
+            "threads": threads_per_run(run.jobs)}
 
 
 def model_settings(model: Recommender, n_items: int) -> dict[str, Any]:

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from sklearn.base import BaseEstimator
 
 from baselines.dense_imputers import DENSE_IMPUTERS, make_dense_imputer
@@ -32,7 +31,7 @@ from mnar_recsys.evaluation.metrics import imputation_rmse
 from mnar_recsys.evaluation.reports import (markdown_table, provenance, remove_previous, summarise, write_atomic,
                                            write_json)
 from mnar_recsys.inference.importance import SAMPLED_IMPUTATIONS, check_sampled_imputation
-from mnar_recsys.pipelines.workers import run_tasks
+from mnar_recsys.pipelines.workers import run_tasks, threads_per_run
 
 #: (decoder, missing model) of each neural model, named as in the paper's table 1
 NEURAL_MODELS: dict[str, tuple[str, str]] = {
@@ -228,10 +227,8 @@ def run_uci(datasets: list[str], models: list[str], config: UCIConfig, out: Path
     check_output_folder(out)
     data = {name: masked_dataset(load_uci(name, data_dir), config.offset) for name in datasets}  # fail early
     # "complete" stays false until every run and the figure are written: a stopped run's file says so
-    # the device `auto` chose and the CPU threads: a seed repeats a run bit for bit at a fixed number of threads
     meta = {"provenance": provenance(), "protocol": asdict(config), "data_dir": data_dir, "jobs": jobs,
-            "device_used": str(resolve_device(config.device)), "threads": torch.get_num_threads() if jobs == 1 else 1,
-            "complete": False}
+            "device_used": str(resolve_device(config.device)), "threads": threads_per_run(jobs), "complete": False}
     keys = [(name, model, run) for name in data for model in models for run in range(config.runs)]
     order = {key: position for position, key in enumerate(keys)}
     tasks = [(name, model, *data[name], run, config, progress and jobs == 1) for name, model, run in keys]

@@ -17,6 +17,7 @@ import torch
 from mnar_recsys.allocator import keep_freed_memory
 
 Task = TypeVar("Task", bound=tuple)
+WORKER_THREADS = 1  # torch threads in each worker process
 
 
 def run_tasks(function: Callable[..., Any], tasks: Sequence[Task], jobs: int) -> Iterator[tuple[Task, Any]]:
@@ -65,6 +66,12 @@ def run_tasks(function: Callable[..., Any], tasks: Sequence[Task], jobs: int) ->
         raise failure
 
 
+def threads_per_run(jobs: int) -> int:
+    """The CPU threads each run computes with: this process's own, or one in a worker (a seed repeats a run
+    bit for bit at a fixed number of threads, so the results record it)."""
+    return torch.get_num_threads() if jobs == 1 else WORKER_THREADS
+
+
 def _start_worker() -> None:
-    torch.set_num_threads(1)
+    torch.set_num_threads(WORKER_THREADS)
     keep_freed_memory()
