@@ -27,6 +27,10 @@ class ConstantPredictor:
         self.shape = train.shape
         return self
 
+    def settings(self) -> dict[str, object]:
+        """The constant (after fitting, for the train mean) and the scale, for a results record."""
+        return {"value": self.value, "rating_scale": self.rating_scale}
+
     def predict(self, users: np.ndarray, items: np.ndarray) -> np.ndarray:
         """The constant, clipped to ``rating_scale``, once per (user, item) pair."""
         check_fitted(self, "shape")

@@ -36,6 +36,9 @@ on the way up). So r̃ stays at the MF-IPS fit.
 
 from __future__ import annotations
 
+from dataclasses import asdict
+from typing import Any
+
 import numpy as np
 import scipy.sparse as sp
 
@@ -72,6 +75,10 @@ class DoublyRobustMF(IPSMatrixFactorization):
         super().__init__(propensity, config or MFConfig(l2=DR_L2), **kwargs)
         self.imputation_config = imputation_config or MFConfig(seed=self.config.seed,
                                                                rating_scale=self.config.rating_scale)
+
+    def settings(self) -> dict[str, Any]:
+        """The prediction model's config, the propensities' and the imputation model's, for a results record."""
+        return {**super().settings(), "imputation": asdict(self.imputation_config)}
 
     def fit(self, train: sp.csr_matrix, *, mcar_sample: sp.csr_matrix | None = None) -> "DoublyRobustMF":
         """Estimate the propensities of ``train``'s ratings, fit r̃ as MF-IPS, then r̂ to the DR loss.

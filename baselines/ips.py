@@ -90,6 +90,10 @@ class IPSMatrixFactorization(MatrixFactorization):
         self.mask_config = mask_config or MaskPropensityConfig(min_relative=min_relative, seed=self.config.seed)
         self.train_propensities: np.ndarray | None = None
 
+    def settings(self) -> dict[str, Any]:
+        """The MF config and how the propensities are estimated, for a results record."""
+        return {**asdict(self.config), "propensities": self.propensity_settings()}
+
     def propensity_settings(self) -> dict[str, Any]:
         """How the propensities are estimated, for a results record."""
         if self.propensity == "naive-bayes":

@@ -120,6 +120,11 @@ class NotMIWAERecommender:
         self.model, self.train = model, train
         return self
 
+    def settings(self) -> dict[str, Any]:
+        """The config as the fit used it (``RecommenderConfig.as_fitted``), for a results record."""
+        check_fitted(self, "model")
+        return self.config.as_fitted(self.train.shape[1])
+
     def predict(self, users: np.ndarray, items: np.ndarray) -> np.ndarray:
         """Conditional-mean ratings of (users[i], items[i]), clipped to the rating scale.
 

@@ -1,7 +1,7 @@
 """The MCAR evaluation protocol for rating models trained on self-selected (MNAR) ratings.
 
 Per seed, 5% of the MCAR test ratings are drawn once (``split_mcar_sample``) for the models that need
-an MCAR sample (the Naive-Bayes propensities of MF-IPS and MF-DR) and left out of scoring for every model, so all
+an MCAR sample (e.g. the Naive-Bayes propensities of MF-IPS) and left out of scoring for every model, so all
 models of a seed are scored on the same entries.
 """
 
@@ -21,8 +21,6 @@ from mnar_recsys.evaluation.metrics import mae, mse, ndcg_at_k, per_rating_error
 
 MCAR_SAMPLE_FRACTION = 0.05
 NDCG_K = 5
-# models whose fit takes the MCAR sample (fit(train, mcar_sample=...))
-USES_MCAR_SAMPLE = frozenset({"mf-ips", "mf-dr"})
 
 
 @dataclass
@@ -58,13 +56,15 @@ def score(users: np.ndarray, ratings: np.ndarray, predictions: np.ndarray) -> di
             "per_rating": per_rating_errors(ratings, predictions)}
 
 
-def fit_and_score(model: Recommender, split: MCARSplit) -> tuple[dict[str, Any], np.ndarray]:
-    """Fit `model` on the split's train ratings, predict the scored entries, time both.
+def fit_and_score(model: Recommender, split: MCARSplit, uses_mcar_sample: bool = False
+                  ) -> tuple[dict[str, Any], np.ndarray]:
+    """Fit `model` on the split's train ratings (and its MCAR sample, for a model that `uses_mcar_sample`),
+    predict the scored entries, time both.
 
     Returns (record with the metrics, seconds and n_test; the predictions aligned with split.ratings).
     """
     start = time.perf_counter()
-    if model.name in USES_MCAR_SAMPLE:
+    if uses_mcar_sample:
         model.fit(split.train, mcar_sample=split.mcar_sample)
     else:
         model.fit(split.train)

@@ -1,8 +1,8 @@
 """`mnar-recsys ratings`: not-MIWAE vs baselines on MNAR ratings, scored on MCAR test ratings.
 
-For every seed the MCAR sample for MF-IPS and MF-DR is drawn once and left out of scoring for all models
-(``mnar_recsys.evaluation.protocol``). Writes results.json (one record per model and seed),
-results.md, a histogram of predictions against the MCAR truth, per-rating MSE bars and, for the
+For every seed the MCAR sample of the models that use one (MF-IPS and others) is drawn once and left out of
+scoring for all models (``mnar_recsys.evaluation.protocol``). Writes results.json (one record per model and
+seed), results.md, a histogram of predictions against the MCAR truth, per-rating MSE bars and, for the
 not-MIWAE and MIWAE models, their training curves.
 
 With `--jobs N` the (seed, model) runs go to N worker processes of one thread each; under `torchrun`
@@ -14,18 +14,15 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from baselines.base import Recommender
-from baselines.constant import ConstantPredictor
-from baselines.dr import DoublyRobustMF
-from baselines.ips import IPSMatrixFactorization
-from baselines.registry import BASELINES, GRIDS, make_baseline, tune_baseline
+from baselines.base import Recommender, settings_of
+from baselines.registry import BASELINES, GRIDS, SPECS, make_baseline, tune_baseline
 from mnar_recsys.checks import check_positive_finite
 from mnar_recsys.data import (RatingsData, SimulatorConfig, load_coat, load_coat_propensities, load_yahoo_r3,
                               simulate_ratings)
@@ -50,8 +47,6 @@ from mnar_recsys.training.trainer import TrainConfig
 DATASETS = ("synthetic", "coat", "yahoo")
 DEFAULT_MODELS = ("notmiwae-gaussian", "notmiwae-categorical", "notmiwae-categorical-activity", "miwae-gaussian", "mf",
                   "pmf", "autorec", "mf-ips")
-UNSEEDED = frozenset({"constant-2", "train-mean"})  # deterministic baselines: no seed argument
-GIVEN_PROPENSITIES = frozenset({"mf-ips-given", "mf-dr-given"})  # models that read Coat's propensities file
 ESTIMATOR_MODEL = "notmiwae-gaussian"  # the model the --estimator-k study re-imputes
 SYNTHETIC_ONLY = ("users", "items", "test_users", "data_seed", "selection")  # RatingsRun fields of the simulator
 OUTPUTS = ("results.json", "results.md", "predictions_histogram.png", "per_rating_mse.png", "training_curves.png")
@@ -99,7 +94,7 @@ class RatingsRun:
             raise ValueError(f"unknown models {unknown}; choose from {', '.join(sorted(known))}")
         if "oracle" in self.models and self.data != "synthetic":
             raise ValueError("the oracle is only known on --data synthetic")
-        given = [m for m in self.models if m in GIVEN_PROPENSITIES]
+        given = [m for m in self.models if m in SPECS and SPECS[m].given_propensities]
         if given and self.data != "coat":
             raise ValueError(f"{given[0]} takes the propensities Coat ships with: use it with --data coat")
         if self.data == "synthetic" and self.data_dir:
@@ -184,15 +179,19 @@ def build(name: str, run: RatingsRun, data: RatingsData, seed: int, progress: bo
                                 importance=ImportanceConfig(n_samples=run.importance_samples, device=run.device,
                                                             progress=progress),
                                 unobserved_samples=run.unobserved_samples)
-    if name in UNSEEDED:
-        return make_baseline(name, rating_scale=data.rating_scale)
-    return make_baseline(name, seed=seed, rating_scale=data.rating_scale, **given_propensities(name, run),
+    seeded = {"seed": seed} if SPECS[name].seeded else {}
+    return make_baseline(name, **seeded, rating_scale=data.rating_scale, **given_propensities(name, run),
                          **(tuned or {}))
 
 
 def given_propensities(name: str, run: RatingsRun) -> dict[str, Any]:
-    """The keywords that hand mf-ips-given and mf-dr-given Coat's own propensities; none for other models."""
-    return {"propensities": load_coat_propensities(run.data_dir)} if name in GIVEN_PROPENSITIES else {}
+    """The keywords that hand a model reading given propensities Coat's own; none for other models."""
+    return {"propensities": load_coat_propensities(run.data_dir)} if SPECS[name].given_propensities else {}
+
+
+def uses_mcar_sample(name: str) -> bool:
+    """Whether model `name` trains with the seed's MCAR sample (the not-MIWAE models and the oracle do not)."""
+    return name in SPECS and SPECS[name].uses_mcar_sample
 
 
 def tune(name: str, split: MCARSplit, run: RatingsRun, rating_scale: tuple[float, float]) -> dict[str, Any]:
@@ -216,21 +215,6 @@ def run_settings(run: RatingsRun) -> dict[str, Any]:
     return {**settings, "mcar_sample_fraction": MCAR_SAMPLE_FRACTION, "processes": distributed.world_size(),
             "backend": distributed.backend_in_use(), "device_used": str(resolve_device(run.device)),
             "threads": threads_per_run(run.jobs)}
-
-
-def model_settings(model: Recommender, n_items: int) -> dict[str, Any]:
-    """The model's own configuration, for the results record."""
-    if isinstance(model, NotMIWAERecommender):
-        return model.config.as_fitted(n_items)
-    if isinstance(model, ConstantPredictor):  # after fitting: the train mean's value is then known
-        return {"value": model.value, "rating_scale": model.rating_scale}
-    config = getattr(model, "config", None)
-    settings = asdict(config) if is_dataclass(config) else {}
-    if isinstance(model, IPSMatrixFactorization):
-        settings["propensities"] = model.propensity_settings()
-    if isinstance(model, DoublyRobustMF):
-        settings["imputation"] = asdict(model.imputation_config)
-    return settings
 
 
 def estimator_study(model: NotMIWAERecommender, split: MCARSplit, ks: tuple[int, ...]) -> list[dict[str, Any]]:
@@ -269,10 +253,10 @@ def fit_one(run: RatingsRun, seed: int, name: str, progress: bool) -> tuple[dict
     split = mcar_split(data, seed)
     tuning = tune(name, split, run, data.rating_scale) if run.tune_baselines and name in GRIDS else None
     model = build(name, run, data, seed, progress, tuned=None if tuning is None else tuning["chosen"])
-    record, predicted = fit_and_score(model, split)
+    record, predicted = fit_and_score(model, split, uses_mcar_sample(name))
     if tuning is not None:
         record["tuning"] = tuning
-    record["config"] = {"run": run_settings(run), "model": model_settings(model, data.n_items)}
+    record["config"] = {"run": run_settings(run), "model": settings_of(model)}
     studied = []
     if isinstance(model, NotMIWAERecommender):
         record["training_curve"] = {"bound": model.history.bound, "validation": model.history.validation}
@@ -336,7 +320,7 @@ def describe(data: RatingsData, run: RatingsRun) -> dict[str, Any]:
     """The data's name and sizes, with the sha256 of each file read, Coat's propensities included when a model
     reads them (a file that differs from the published one warns only, so the record keeps what was read)."""
     digests = data.meta.get("sha256")
-    if GIVEN_PROPENSITIES & set(run.models):
+    if any(name in SPECS and SPECS[name].given_propensities for name in run.models):
         digests = {**digests, PROPENSITIES: sha256_of(Path(run.data_dir) / PROPENSITIES)}
     return {"name": data.name, "n_users": data.n_users, "n_items": data.n_items, "n_train": int(data.train.nnz),
             "n_test": int(data.test.nnz), "rating_scale": data.rating_scale, "sha256": digests}
@@ -389,9 +373,8 @@ def _tuning_note(run: RatingsRun) -> str:
     tuned = [name for name in run.models if name in GRIDS]
     if not (run.tune_baselines and tuned):
         return ""
-    propensity_models = set(IPSMatrixFactorization.NAMES.values()) | set(DoublyRobustMF.NAMES.values())
-    weighted = " (IPS-weighted for MF-IPS and MF-DR)" if propensity_models & set(tuned) else ""
-    return f" Hyper-parameters of {', '.join(tuned)} chosen for each seed on 10% of its train ratings held out{weighted}."
+    return (f" Hyper-parameters of {', '.join(tuned)} chosen for each seed on 10% of its train ratings held out "
+            "(IPS-weighted for the models trained with propensities).")
 
 
 def _subsampling_note(run: RatingsRun) -> str:
@@ -463,7 +446,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="torch CPU threads (default: torch's choice; 1 is fastest on a busy machine)")
     parser.add_argument("--tune-baselines", action="store_true",
                         help=f"choose the hyper-parameters of {', '.join(GRIDS)} for each seed on 10%% "
-                             "of its train ratings held out (IPS-weighted for the MF-IPS and MF-DR models), never on the "
+                             "of its train ratings held out (IPS-weighted for the models trained with propensities), never on the "
                              "scored MCAR ratings (default: keep those chosen on Coat's train ratings)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars or per-model lines")
     parser.set_defaults(run=_run)

@@ -17,7 +17,7 @@ from mnar_recsys.data.yahoo import TEST_FILE as YAHOO_TEST, TRAIN_FILE as YAHOO_
 from mnar_recsys.devices import resolve_device
 from mnar_recsys.evaluation.protocol import fit_and_score, mcar_split
 from mnar_recsys.pipelines import ratings as ratings_pipeline
-from mnar_recsys.pipelines.ratings import RatingsRun, build, load_data
+from mnar_recsys.pipelines.ratings import RatingsRun, build, load_data, uses_mcar_sample
 
 REQUIRED = {"model", "seed", "mse", "mae", "ndcg@5", "per_rating", "train_seconds", "predict_seconds", "n_test",
             "config", "provenance"}
@@ -109,7 +109,7 @@ def test_every_model_predicts_on_the_data_sets_rating_scale():
     split = mcar_split(data, seed=0)
     run = RatingsRun(users=200, items=40, iterations=30, lr=1e-2, importance_samples=20)
     for name in ("notmiwae-gaussian", "notmiwae-categorical", "mf", "pmf", "mf-ips", "mf-ips-mask", "mf-dr"):
-        _, predictions = fit_and_score(build(name, run, data, seed=0, progress=False), split)
+        _, predictions = fit_and_score(build(name, run, data, seed=0, progress=False), split, uses_mcar_sample(name))
         assert predictions.min() >= 0 and predictions.max() <= 10, name
         assert predictions.max() > 5.5, (name, predictions.max())
 
