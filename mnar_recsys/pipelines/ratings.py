@@ -30,7 +30,8 @@ from mnar_recsys.data.coat import PROPENSITIES
 from mnar_recsys.data.files import sha256_of
 from mnar_recsys.data.simulator import SELECTIONS
 from mnar_recsys.devices import resolve_device
-from mnar_recsys.estimators.recommender import VARIANTS, NotMIWAERecommender, OracleRecommender, make_recommender
+from mnar_recsys.estimators.recommender import (PUBLISHED, VARIANTS, NotMIWAERecommender, OracleRecommender,
+                                               make_recommender)
 from mnar_recsys.evaluation import plots
 from mnar_recsys.evaluation.metrics import mae, mse
 from mnar_recsys.evaluation.protocol import MCAR_SAMPLE_FRACTION, MCARSplit, fit_and_score, mcar_split
@@ -39,6 +40,7 @@ from mnar_recsys.evaluation.reports import (markdown_table, provenance, remove_p
 from mnar_recsys.inference.importance import ImportanceConfig
 from mnar_recsys.pipelines.arguments import (check_counts, check_device_option, check_no_repeats, check_output_folder,
                                              check_seeds)
+from mnar_recsys.pipelines.output_lock import holds_output
 from mnar_recsys.pipelines.workers import run_tasks, threads_per_run
 from mnar_recsys.training import distributed
 from mnar_recsys.training.distributed import BACKENDS
@@ -46,7 +48,11 @@ from mnar_recsys.training.trainer import TrainConfig
 
 DATASETS = ("synthetic", "coat", "yahoo")
 DEFAULT_MODELS = ("notmiwae-gaussian", "notmiwae-categorical", "notmiwae-categorical-activity", "miwae-gaussian", "mf",
-                  "pmf", "autorec", "mf-ips")
+                  "pmf", "autorec", "mf-ips", "train-mean", "constant-2")
+# what the not-MIWAE models train with, and the seeds, by protocol: "quick" shows the paper's effect in minutes,
+# "paper" is the paper's Yahoo! R3 training (10,000 steps of Adam at 1e-3) over 5 seeds
+PROTOCOLS: dict[str, dict[str, Any]] = {"quick": {"iterations": 2_000, "lr": 3e-3, "seeds": (0,)},
+                                        "paper": {"iterations": 10_000, "lr": 1e-3, "seeds": (0, 1, 2, 3, 4)}}
 ESTIMATOR_MODEL = "notmiwae-gaussian"  # the model the --estimator-k study re-imputes
 SYNTHETIC_ONLY = ("users", "items", "test_users", "data_seed", "selection")  # RatingsRun fields of the simulator
 OUTPUTS = ("results.json", "results.md", "predictions_histogram.png", "per_rating_mse.png", "training_curves.png")
@@ -61,11 +67,12 @@ class RatingsRun:
     data: str = "synthetic"
     data_dir: str | None = None
     models: tuple[str, ...] = ()
-    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    protocol: str = "quick"
+    seeds: tuple[int, ...] | None = None
     out: str = "results/ratings"
-    iterations: int = 10_000
+    iterations: int | None = None
     batch_size: int = 100
-    lr: float = 1e-3
+    lr: float | None = None
     validation_fraction: float = 0.1
     importance_samples: int = 1_000
     device: str = "auto"
@@ -86,8 +93,13 @@ class RatingsRun:
             raise ValueError(f"selection must be one of {SELECTIONS}, got {self.selection!r}")
         if self.data != "synthetic" and not self.data_dir:
             raise ValueError(f"--data {self.data} needs --data-dir")
-        if not self.models:
-            self.models = DEFAULT_MODELS + (("oracle",) if self.data == "synthetic" else ())
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"--protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}")
+        for name, value in PROTOCOLS[self.protocol].items():  # what is left unset, the protocol sets
+            if getattr(self, name) is None:
+                setattr(self, name, value)
+        check_no_repeats("--models", self.models)
+        self.models = expand_model_sets(self.models or ("default",), self.data)
         known = set(VARIANTS) | set(BASELINES) | {"oracle"}
         unknown = [m for m in self.models if m not in known]
         if unknown:
@@ -107,7 +119,6 @@ class RatingsRun:
         check_output_folder(self.out)
         if not 0 <= self.validation_fraction < 1:
             raise ValueError(f"--validation-fraction must lie in [0, 1), got {self.validation_fraction}")
-        check_no_repeats("--models", self.models)
         check_no_repeats("--seeds", self.seeds)
         check_no_repeats("--estimator-k", self.estimator_k)
         if any(k < 1 for k in self.estimator_k):
@@ -132,6 +143,35 @@ class RatingsRun:
 
 
 _LOADED: dict[tuple, RatingsData] = {}  # the last data set this process loaded, by its settings
+
+
+def model_set(name: str, data: str) -> tuple[str, ...]:
+    """The models of set `name` on `data`: "default" (the main job's), or "paper" (every row of the not-MIWAE
+    paper's Yahoo! R3 table the package has); the oracle joins either on the simulator."""
+    if name == "default":
+        models = DEFAULT_MODELS
+    else:
+        models = tuple(model for model in (*VARIANTS, *BASELINES) if published(model) is not None)
+    return models + (("oracle",) if data == "synthetic" else ())
+
+
+MODEL_SETS = ("default", "paper")
+
+
+def expand_model_sets(names: tuple[str, ...], data: str) -> tuple[str, ...]:
+    """`names` with each model-set name replaced by its models, in place, each model kept once."""
+    expanded = [model for name in names for model in (model_set(name, data) if name in MODEL_SETS else (name,))]
+    return tuple(dict.fromkeys(expanded))
+
+
+def published(name: str) -> float | None:
+    """Model `name`'s MCAR MSE in the not-MIWAE paper's Yahoo! R3 table, where it has a row."""
+    return SPECS[name].published if name in SPECS else PUBLISHED.get(name)
+
+
+def is_reference(name: str) -> bool:
+    """Whether `name` is a reference row (the oracle, a constant predictor) rather than a method compared."""
+    return name == "oracle" or (name in SPECS and SPECS[name].reference)
 
 
 def load_data(run: RatingsRun) -> RatingsData:
@@ -267,6 +307,7 @@ def fit_one(run: RatingsRun, seed: int, name: str, progress: bool) -> tuple[dict
     return record, predicted, studied
 
 
+@holds_output("run", OUTPUTS)
 def run_ratings(run: RatingsRun, progress: bool = True) -> dict[str, Any]:
     """Fit and score every model on every seed; write results.json, results.md and the plots."""
     if run.jobs > 1 and distributed.launched():
@@ -297,7 +338,7 @@ def run_ratings(run: RatingsRun, progress: bool = True) -> dict[str, Any]:
         if seed == run.seeds[0]:
             predictions[name] = predicted
         # rewritten after every model, so a long run that is stopped keeps what it finished
-        table = summary_table(records)
+        table = summary_table(records, with_published=run.data == "yahoo")
         write_json(out / "results.json", results)
         write_atomic(out / "results.md", report(data, run, table, estimator, unfinished=len(tasks) - len(records)))
         if progress:
@@ -312,7 +353,7 @@ def run_ratings(run: RatingsRun, progress: bool = True) -> dict[str, Any]:
         plots.training_curves(records, out / "training_curves.png", title=f"{data.name}: the bound while training")
     results["complete"] = True
     write_json(out / "results.json", results)
-    print(table)
+    print(f"{data.name}: {protocol_note(run)}.\n{TABLE_NOTE}\n{table}")
     return results
 
 
@@ -326,16 +367,31 @@ def describe(data: RatingsData, run: RatingsRun) -> dict[str, Any]:
             "n_test": int(data.test.nnz), "rating_scale": data.rating_scale, "sha256": digests}
 
 
-def summary_table(records: list[dict[str, Any]]) -> str:
-    """Markdown table of mean ± sd over seeds per model, in the order the models ran."""
+def summary_table(records: list[dict[str, Any]], with_published: bool = False) -> str:
+    """Markdown table of mean ± sd over seeds per model: the methods by mean MCAR MSE, then the reference rows;
+    what each trains on; with `with_published`, the paper's Yahoo! R3 number beside ours."""
     names = list(dict.fromkeys(r["model"] for r in records))
+    mean_mse = {name: np.mean([r["mse"] for r in records if r["model"] == name]) for name in names}
+    names.sort(key=lambda name: (is_reference(name), mean_mse[name]))
     columns = (("mse", "MCAR MSE"), ("mae", "MCAR MAE"), ("ndcg@5", "NDCG@5"), ("train_seconds", "train s"),
                ("predict_seconds", "predict s"))
     rows = []
     for name in names:
         mine = [r for r in records if r["model"] == name]
-        rows.append([name, str(len(mine))] + [summarise([r[key] for r in mine]) for key, _ in columns])
-    return markdown_table(["model", "seeds"] + [label for _, label in columns], rows)
+        row = [name, trained_on(name), str(len(mine))] + [summarise([r[key] for r in mine]) for key, _ in columns]
+        if with_published:
+            row.append("" if published(name) is None else f"{published(name):.3f}")
+        rows.append(row)
+    header = ["model", "trains on", "seeds"] + [label for _, label in columns]
+    return markdown_table(header + (["paper (Yahoo! R3)"] if with_published else []), rows)
+
+
+def trained_on(name: str) -> str:
+    """What model `name` learns from, for the table: the MNAR train ratings, those and the MCAR sample, or
+    nothing of the ratings (a reference row)."""
+    if is_reference(name):
+        return "reference"
+    return "MNAR + 5% MCAR" if uses_mcar_sample(name) else "MNAR"
 
 
 def estimator_table(estimator: list[dict[str, Any]]) -> str:
@@ -356,10 +412,9 @@ def report(data: RatingsData, run: RatingsRun, table: str, estimator: list[dict[
         lines += [f"**Incomplete**: {unfinished} of the {len(run.seeds) * len(run.models)} (seed, model) runs are not "
                   "in it yet; this file is rewritten as each finishes, and the figures come at the end.", ""]
     lines += [f"{data.n_users} users x {data.n_items} items, {data.train.nnz} MNAR train ratings, "
-              f"{data.test.nnz} MCAR test ratings (5% per seed held out for MF-IPS and MF-DR and not scored). "
-              f"Seeds {', '.join(map(str, run.seeds))}; not-MIWAE iterations {run.iterations}, lr {run.lr}, "
-              f"importance samples {run.importance_samples}{_subsampling_note(run)}.{_tuning_note(run)} "
-              "Mean ± sd over seeds; NDCG@5 with gain 2^r - 1.", "", table]
+              f"{data.test.nnz} MCAR test ratings (5% per seed held out for the models that use MCAR data, and "
+              f"not scored). {protocol_note(run)}{_subsampling_note(run)}.{_tuning_note(run)} "
+              "Mean ± sd over seeds; NDCG@5 with gain 2^r - 1.", "", TABLE_NOTE, "", table]
     if estimator:
         lines += ["", f"## {ESTIMATOR_MODEL}: importance samples K and the x_m factor at prediction", "",
                   estimator_table(estimator)]
@@ -367,6 +422,17 @@ def report(data: RatingsData, run: RatingsRun, table: str, estimator: list[dict[
     if any(name in VARIANTS for name in run.models):
         lines += ["![training curves](training_curves.png)", ""]
     return "\n".join(lines)
+
+
+TABLE_NOTE = ("Methods sorted by MCAR MSE, then the reference rows. 'MNAR' models learn from the self-selected "
+              "train ratings alone; 'MNAR + 5% MCAR' ones also from 5% of the MCAR test ratings, which no model "
+              "is scored on; the oracle knows the simulator's expected ratings and a constant predicts one value.")
+
+
+def protocol_note(run: RatingsRun) -> str:
+    """Which protocol produced the table, with what it set."""
+    return (f"Protocol {run.protocol}: seeds {', '.join(map(str, run.seeds))}; not-MIWAE iterations "
+            f"{run.iterations}, lr {run.lr}, importance samples {run.importance_samples}")
 
 
 def _tuning_note(run: RatingsRun) -> str:
@@ -397,22 +463,32 @@ def _names(text: str) -> tuple[str, ...]:
     return names
 
 
+def _protocol_help(name: str) -> str:
+    settings = PROTOCOLS[name]
+    return (f"{settings['iterations']:,} iterations at lr {settings['lr']:g}, seeds "
+            f"{','.join(map(str, settings['seeds']))}")
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("ratings", help="not-MIWAE vs baselines on MNAR ratings, scored on MCAR ratings")
     parser.add_argument("--data", choices=DATASETS, default="synthetic",
                         help="synthetic: the Yahoo-like simulator, needs no files (default)")
     parser.add_argument("--data-dir", help="folder of the coat / yahoo files (none for synthetic)")
     parser.add_argument("--models", type=_names, default=(),
-                        help=f"comma-separated, from {', '.join([*VARIANTS, *BASELINES, 'oracle'])} "
-                             f"(default: {','.join(DEFAULT_MODELS)}, plus oracle on synthetic)")
-    parser.add_argument("--seeds", type=_ints, default=(0, 1, 2, 3, 4), help="comma-separated (default 0,1,2,3,4)")
+                        help=f"comma-separated, from {', '.join([*VARIANTS, *BASELINES, 'oracle'])}, or a model "
+                             "set: default, or paper (every row of the not-MIWAE paper's Yahoo! R3 table the package "
+                             f"has) (default: {','.join(DEFAULT_MODELS)}, plus oracle on synthetic)")
+    parser.add_argument("--protocol", choices=tuple(PROTOCOLS), default="quick",
+                        help="quick (default: " + _protocol_help("quick") + ") or paper (" + _protocol_help("paper")
+                             + "); --seeds, --iterations and --lr override it")
+    parser.add_argument("--seeds", type=_ints, default=None, help="comma-separated (default: the protocol's)")
     parser.add_argument("--out", default="results/ratings", help="output folder (default results/ratings)")
-    parser.add_argument("--iterations", type=int, default=10_000,
-                        help="not-MIWAE training steps (default 10,000, the paper's)")
+    parser.add_argument("--iterations", type=int, default=None,
+                        help="not-MIWAE training steps (default: the protocol's)")
     parser.add_argument("--batch-size", type=int, default=100,
                         help="users per not-MIWAE step, over all processes under torchrun "
                              "(default 100, the paper's)")
-    parser.add_argument("--lr", type=float, default=1e-3, help="not-MIWAE Adam step size (default 1e-3, the paper's)")
+    parser.add_argument("--lr", type=float, default=None, help="not-MIWAE Adam step size (default: the protocol's)")
     parser.add_argument("--validation-fraction", type=float, default=0.1,
                         help="hold out this share of the train users and keep the not-MIWAE parameters with the "
                              "best bound on them, no MCAR data used (default 0.1; 0: the paper's fixed iterations)")
@@ -459,7 +535,8 @@ def _run(args: argparse.Namespace) -> int:
         if args.jobs > 1:
             raise ValueError("--threads sets this process's threads; the --jobs workers take one thread each")
         torch.set_num_threads(args.threads)
-    run = RatingsRun(data=args.data, data_dir=args.data_dir, models=args.models, seeds=args.seeds, out=args.out,
+    run = RatingsRun(data=args.data, data_dir=args.data_dir, models=args.models, protocol=args.protocol,
+                     seeds=args.seeds, out=args.out,
                      iterations=args.iterations, batch_size=args.batch_size, lr=args.lr,
                      validation_fraction=args.validation_fraction, importance_samples=args.importance_samples,
                      device=args.device, users=args.users, items=args.items, test_users=args.test_users,
@@ -469,9 +546,6 @@ def _run(args: argparse.Namespace) -> int:
     if not distributed.launched():
         run_ratings(run, progress=not args.no_progress)
         return 0
-    distributed.initialise(run.device, args.backend)
-    try:
+    with distributed.process_group(run.device, args.backend):  # a failing rank stops its peers at once
         run_ratings(run, progress=not args.no_progress)
-    finally:
-        distributed.shutdown()
     return 0

@@ -55,8 +55,46 @@ def test_cli_writes_results_table_and_plots(tmp_path, capsys):
     assert all(1 <= r["ess"] <= r["k"] for r in results["estimator_k"])
     assert "ESS (mean over users)" in (out / "results.md").read_text()
     printed = capsys.readouterr().out
-    assert "| notmiwae-gaussian | 2 |" in printed and "| oracle | 2 |" in printed
-    assert "| model | seeds | MCAR MSE" in (out / "results.md").read_text()
+    assert "| notmiwae-gaussian | MNAR | 2 |" in printed and "| oracle | reference | 2 |" in printed
+    assert "| mf-ips | MNAR + 5% MCAR | 2 |" in printed and "Protocol quick: seeds 0, 1; not-MIWAE iterations 20" in printed
+    assert "| model | trains on | seeds | MCAR MSE" in (out / "results.md").read_text()
+
+
+def test_the_protocol_sets_what_is_left_unset():
+    quick, paper = ratings_pipeline.PROTOCOLS["quick"], ratings_pipeline.PROTOCOLS["paper"]
+    run = RatingsRun()
+    assert (run.protocol, run.iterations, run.lr, run.seeds) == ("quick", quick["iterations"], quick["lr"],
+                                                                 quick["seeds"])
+    run = RatingsRun(protocol="paper", seeds=(3,))
+    assert (run.iterations, run.lr, run.seeds) == (10_000, 1e-3, (3,)) and paper["seeds"] == (0, 1, 2, 3, 4)
+    with pytest.raises(ValueError, match="--protocol must be one of quick, paper, got 'long'"):
+        RatingsRun(protocol="long")
+
+
+def test_model_sets_expand_in_place_and_keep_each_model_once():
+    paper = RatingsRun(models=("paper",)).models
+    assert paper[-1] == "oracle" and all(ratings_pipeline.published(name) is not None for name in paper[:-1])
+    assert {"notmiwae-gaussian", "miwae-categorical", "mf", "pmf", "autorec", "mf-ips"} <= set(paper)
+    assert "mf-dr" not in paper and "oracle" not in RatingsRun(data="coat", data_dir="x", models=("paper",)).models
+    assert RatingsRun(models=("mf-dr", "paper", "mf")).models == ("mf-dr", *paper)
+    default = RatingsRun().models
+    assert default == (*ratings_pipeline.DEFAULT_MODELS, "oracle") and "train-mean" in default
+    with pytest.raises(ValueError, match="--models names mf more than once"):
+        RatingsRun(models=("mf", "paper", "mf"))
+
+
+def test_the_table_sorts_methods_by_mse_and_puts_reference_rows_last():
+    def record(model, mse):
+        return {"model": model, "mse": mse, "mae": 0.5, "ndcg@5": 0.8, "train_seconds": 1.0, "predict_seconds": 0.1}
+    records = [record("mf", 1.9), record("oracle", 0.4), record("mf-ips", 1.0), record("train-mean", 2.3),
+               record("notmiwae-gaussian", 0.9), record("mf", 2.1)]
+    table = ratings_pipeline.summary_table(records).splitlines()
+    assert [line.split(" | ")[0][2:] for line in table[2:]] == ["notmiwae-gaussian", "mf-ips", "mf", "oracle",
+                                                                "train-mean"]
+    assert table[4].startswith("| mf | MNAR | 2 | 2.000 ± 0.141 |")
+    published = ratings_pipeline.summary_table(records, with_published=True).splitlines()
+    assert published[0].endswith("| paper (Yahoo! R3) |") and published[2].endswith("| 0.939 |")
+    assert published[5].endswith("| |") or published[5].endswith("|  |")
 
 
 def test_cli_refuses_bad_requests(tmp_path, capsys):
@@ -244,7 +282,7 @@ def test_ratings_runs_data_parallel_under_torchrun(tmp_path):
     results = json.loads((out / "results.json").read_text())
     assert [r["model"] for r in results["records"]] == ["notmiwae-gaussian", "mf"]
     assert results["config"]["processes"] == 2 and results["config"]["backend"] == "gloo"
-    assert launched.stdout.count("| notmiwae-gaussian | 1 |") == 1  # one table, printed by process 0 only
+    assert launched.stdout.count("| notmiwae-gaussian | MNAR | 1 |") == 1  # one table, printed by process 0 only
 
 
 def test_worker_processes_give_the_records_of_a_one_process_run(tmp_path, capsys):
@@ -346,7 +384,7 @@ def test_cli_runs_the_comparison_on_yahoo_files(tmp_path, capsys):
     expected = data.test.nnz - mcar_split(data, seed=0).mcar_sample.nnz
     assert {r["n_test"] for r in records} == {expected}
     assert all(r["config"]["run"]["data"] == "yahoo" for r in records)
-    assert "| mf-ips | 1 |" in capsys.readouterr().out
+    assert "| mf-ips | MNAR + 5% MCAR | 1 |" in capsys.readouterr().out
 
 
 def test_tune_baselines_chooses_each_seeds_hyper_parameters_on_its_train_ratings(tmp_path):
