@@ -19,6 +19,7 @@ from baselines.constant import ConstantPredictor, TrainMean
 from baselines.dr import DoublyRobustMF
 from baselines.ips import IPSMatrixFactorization
 from baselines.mf import MF_GRID, MatrixFactorization
+from baselines.mixture import MIXTURE_GRID, MultinomialMixture
 from baselines.pmf import PMF_GRID, ProbabilisticMF
 from baselines.propensities import mask_propensities, naive_bayes_propensities
 from baselines.selection import select_config
@@ -59,6 +60,13 @@ SPECS: dict[str, BaselineSpec] = {
     "mf-dr": BaselineSpec(lambda **kw: DoublyRobustMF("naive-bayes", **kw), MF_GRID, uses_mcar_sample=True),
     "mf-dr-mask": BaselineSpec(lambda **kw: DoublyRobustMF("mask", **kw), MF_GRID),
     "mf-dr-given": BaselineSpec(lambda **kw: DoublyRobustMF("given", **kw), MF_GRID, given_propensities=True),
+    "mixture": BaselineSpec(lambda **kw: MultinomialMixture("none", **kw), MIXTURE_GRID),
+    "cpt-v": BaselineSpec(lambda **kw: MultinomialMixture("cpt-v", **kw), MIXTURE_GRID, published=1.115),
+    "cpt-v-mcar": BaselineSpec(lambda **kw: MultinomialMixture("cpt-v", prior="mcar", **kw), MIXTURE_GRID,
+                               uses_mcar_sample=True, published=1.115),
+    "logit-vd": BaselineSpec(lambda **kw: MultinomialMixture("logit-vd", **kw), MIXTURE_GRID, published=1.301),
+    "logit-vd-mcar": BaselineSpec(lambda **kw: MultinomialMixture("logit-vd", prior="mcar", **kw), MIXTURE_GRID,
+                                  uses_mcar_sample=True, published=1.301),
     "constant-2": BaselineSpec(lambda **kw: ConstantPredictor(2.0, **kw), seeded=False, reference=True),
     "train-mean": BaselineSpec(TrainMean, seeded=False, reference=True),
 }
