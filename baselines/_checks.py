@@ -38,8 +38,12 @@ def check_ratings(train: sp.spmatrix, what: str = "train", keep_order: bool = Fa
             raise ValueError(f"{what} stores duplicate (user, item) entries")
     if csr.nnz == 0:
         raise ValueError(f"{what} has no stored ratings")
-    if not np.isfinite(csr.data).all():
-        raise ValueError(f"{what} contains non-finite ratings")
+    bad = np.flatnonzero(~np.isfinite(csr.data))
+    if bad.size:
+        first = bad[0]
+        user = int(np.searchsorted(csr.indptr, first, side="right") - 1)
+        raise ValueError(f"{what} contains {bad.size} non-finite ratings, the first {csr.data[first]} at (user {user}, "
+                         f"item {csr.indices[first]})")
     if (csr.data == 0).any():
         raise ValueError(f"{what} stores explicit zeros; call .eliminate_zeros() (a stored entry is a rating)")
     return csr

@@ -9,6 +9,7 @@ it rarely binds for the Naive-Bayes estimate and guards against the mask model's
 from __future__ import annotations
 
 import hashlib
+import warnings
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from typing import Callable
@@ -20,6 +21,11 @@ from sklearn.linear_model import LogisticRegression
 from baselines._checks import check_ratings
 
 DEFAULT_MIN_RELATIVE = 0.1
+MIN_MCAR_PER_LEVEL = 10  # MCAR ratings per rating level below which P(Y = r) is too noisy to weight by
+
+
+class SmallMCARSampleWarning(UserWarning):
+    """The MCAR sample is too small for its rating shares, and so the propensities, to be trusted."""
 
 
 def _clip(p: np.ndarray, density: float, min_relative: float) -> np.ndarray:
@@ -57,12 +63,17 @@ def naive_bayes_propensities(
     5% of the MCAR test, see ``baselines.ips.split_mcar_sample``). Both rating distributions get
     ``pseudo_count`` added per level so that a level absent from the small sample cannot divide by 0.
     Levels are the rating values seen in either matrix. Clipped as described in the module docstring.
+    Warns (``SmallMCARSampleWarning``) when the sample holds fewer than ``MIN_MCAR_PER_LEVEL`` ratings per level.
     """
     train = check_ratings(train)
     mcar_sample = check_ratings(mcar_sample, "mcar_sample")
     if pseudo_count < 0:
         raise ValueError(f"pseudo_count must be >= 0, got {pseudo_count}")
     levels = np.union1d(train.data, mcar_sample.data)
+    if mcar_sample.nnz < MIN_MCAR_PER_LEVEL * levels.size:
+        warnings.warn(f"the MCAR sample holds {mcar_sample.nnz} ratings for {levels.size} rating levels, fewer than "
+                      f"{MIN_MCAR_PER_LEVEL} per level: the Naive-Bayes propensities rest on a handful of ratings "
+                      "and may be far off; give a larger MCAR sample", SmallMCARSampleWarning, stacklevel=2)
 
     def dist(values: np.ndarray, what: str) -> np.ndarray:
         counts = np.array([(values == r).sum() for r in levels], dtype=np.float64) + pseudo_count

@@ -14,7 +14,11 @@ class ChecksumWarning(UserWarning):
 
 
 def require_file(path: Path, card: str) -> Path:
-    """Return ``path`` if it is a file, else raise FileNotFoundError pointing at the data card."""
+    """Return ``path`` if it is a file; else raise FileNotFoundError pointing at the data card, or, when the
+    path is there but a folder (IsADirectoryError) or another non-file (OSError), one saying so."""
+    if path.exists() and not path.is_file():
+        error, kind = (IsADirectoryError, "a folder") if path.is_dir() else (OSError, "not a regular file")
+        raise error(f"data file {path} is {kind}; put the data file itself there (see {card})")
     if not path.is_file():
         raise FileNotFoundError(f"missing data file {path}; see {card} for where to get it and where to put it")
     return path
@@ -42,14 +46,25 @@ def check_sha256(path: Path, expected: str, card: str) -> str:
     return actual
 
 
+# the first bytes of compressed files, which read as text fail on their first byte
+_COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"PK\x03\x04": "zip",
+               b"\x28\xb5\x2f\xfd": "zstd"}
+
+
 @contextmanager
 def utf8_errors_named(path: Path) -> Iterator[None]:
     """Turn a UnicodeDecodeError while reading ``path`` as text into a ValueError naming the first bad line
-    (the decoder's own message gives a byte offset, often within an internal buffer, and no file)."""
+    (the decoder's own message gives a byte offset, often within an internal buffer, and no file), or saying
+    that the file is compressed."""
     try:
         yield
     except UnicodeDecodeError:
         with open(path, "rb") as file:
+            start = file.read(8)
+            kind = next((name for magic, name in _COMPRESSED.items() if start.startswith(magic)), None)
+            if kind is not None:
+                raise ValueError(f"{path} is {kind}-compressed, not text; decompress it first") from None
+            file.seek(0)
             for number, line in enumerate(file, start=1):
                 try:
                     line.decode("utf-8")

@@ -26,8 +26,8 @@ from mnar_recsys.evaluation.reports import atomic_directory
 
 from .files import utf8_errors_named
 from .rows import RowBatch, RowSource, _check_csr, batch_from_csr
-from .triples import Triples, _integer_ids, _parse_ids, _parse_ratings, _show, _text_ids, check_rating_scale, \
-    file_layout, no_ratings_error, split_lines
+from .triples import (Triples, _id_keys, _parse_ids, _parse_ratings, _show, check_rating_scale, file_layout,
+                      no_ratings_error, split_lines)
 
 FORMAT = "mnar-recsys-csr"
 VERSION = 1
@@ -62,7 +62,16 @@ class DiskCSRRows(RowSource):
 
     def observed_values(self) -> np.ndarray:
         """The memory-mapped values themselves: nothing is copied, and the operating system reads pages as
-        the checks walk them (a chunk at a time, `prepare_rows`) and may drop them again."""
+        the checks walk them (a chunk at a time, `prepare_rows`) and may drop them again. A NaN or infinity is
+        refused here, naming data.npy, the entry and its row: the writers store none, so the file is damaged."""
+        for start in range(0, self.nnz, CHUNK):
+            bad = np.flatnonzero(~np.isfinite(self.data[start:start + CHUNK]))
+            if bad.size:
+                k = start + int(bad[0])
+                row = int(np.searchsorted(self.indptr, k, side="right")) - 1
+                raise ValueError(f"{self.directory / 'data.npy'}: entry {k} (row {row}, column {self.indices[k]}) is "
+                                 f"{self.data[k]}, and the writers store finite values only; the file is corrupt, "
+                                 "write the folder again")
         return self.data
 
 
@@ -164,14 +173,12 @@ class _Tally:
         self.counts[numbers] += np.bincount(codes, minlength=len(uniques))
 
     def finish(self) -> np.ndarray:
-        """The sorted distinct ids, made as read_triples makes them (int64 when every token is an integer
-        written plainly, else stripped strings); sets each token's position among them and each id's count."""
+        """The sorted distinct ids, made as read_triples makes them (each token by itself: '7' and '7.0' one
+        id); sets each token's position among them and each id's count."""
         tokens = np.fromiter(self.number, dtype=object, count=len(self.number))
         self.index = pd.Index(tokens)  # looks up a whole chunk at C speed
         del self.number
-        keys, _ = _integer_ids(tokens)
-        if keys is None:
-            keys = _text_ids(tokens)
+        keys = _id_keys(tokens)[0]
         ids, self.position = np.unique(keys, return_inverse=True)
         self.id_counts = np.zeros(len(ids), dtype=np.int64)
         np.add.at(self.id_counts, self.position, self.counts)

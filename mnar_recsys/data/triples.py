@@ -33,8 +33,8 @@ _HEADER_NAMES = {
 class Triples:
     """Rows of one source, each with the 1-based line (file) or row (DataFrame) it came from.
 
-    After ``read_triples``: ``ratings`` are int64 on the scale, ids are int64 when every id is an
-    integer written plainly (no leading zero or exponent; else strings), and no (user, item) pair repeats.
+    After ``read_triples``: ``ratings`` are int64 on the scale, ids follow ``read_triples``'s id rule, and no
+    (user, item) pair repeats.
     """
 
     source: str
@@ -62,10 +62,14 @@ def read_triples(
 
     Files: columns user, item, rating in that order, or as a header names them (see ``file_layout``);
     ``sep=None`` takes the first of tab, comma, semicolon or bar found on the first line, else whitespace;
-    ``header=None`` treats a first line with no numeric field as a header. Blank lines are skipped; quoting
-    is not supported.
+    ``header=None`` takes the first line for a header when it names columns (see ``file_layout``), else for
+    data. Blank lines are skipped; quoting is not supported.
     DataFrames: columns named user/item/rating, else exactly three columns in that order; errors
-    name ``label`` and the 1-based row. ``integer_ids`` makes ids that are not integers written plainly an error.
+    name ``label`` and the 1-based row.
+    Ids, each read by itself: one written as a plain integer within int64 ('7', '-3', '7.0'; no leading zero
+    or exponent) is that integer, any other is its stripped text ('07', '1e3', 'u7'). The ids are int64 when
+    all are integers, else strings with the integers in decimal, so '7' and '7.0' are one id and '07' another
+    whatever else the file holds. ``integer_ids`` makes an id that is not an integer an error.
     Raises ValueError (naming source and line) on a source with no ratings, a wrong column count, a
     non-integer or off-scale rating, a missing or (with ``integer_ids``) non-integer id, or a repeated
     (user, item) pair.
@@ -148,7 +152,8 @@ def file_layout(path: Path, lines: Iterable[str], sep: str | None,
     rating, from the first non-blank line.
 
     ``sep=None`` takes the first of tab, comma, semicolon or bar found on that line, else whitespace
-    (returned as None); ``header=None`` makes it a header when none of its fields is a number. A header that
+    (returned as None); ``header=None`` makes it a header when at least two of its fields are column names
+    (``_HEADER_NAMES``), so a damaged first data line is refused as any other line is, not dropped. A header that
     names all three columns (``_HEADER_NAMES``: user, item_id, rating, ...) is read by name; one that names some
     of them where another is read is an error, rather than a matrix with users and items swapped.
     """
@@ -158,7 +163,7 @@ def file_layout(path: Path, lines: Iterable[str], sep: str | None,
     if sep is None:
         sep = next((s for s in _SNIFFED_SEPARATORS if s in first), None)
     if header is None:
-        header = not any(_is_number(field) for field in first.split(sep))
+        header = sum(_column_role(field) is not None for field in first.split(sep)) >= 2
     if not header:
         return sep, 0, (0, 1, 2)
     return sep, number, _columns_by_name(path, number, first.split(sep))
@@ -169,9 +174,7 @@ def _columns_by_name(path: Path, number: int, names: list[str]) -> tuple[int, in
     when it has other than three names, e.g. 'user id item id rating' split on whitespace)."""
     if len(names) != len(COLUMNS):
         return 0, 1, 2
-    roles = [next((role for role, known in _HEADER_NAMES.items()
-                   if name.strip().strip("\"'").lower().replace(" ", "_").replace("-", "_") in known), None)
-             for name in names]
+    roles = [_column_role(name) for name in names]
     if sorted(filter(None, roles)) == sorted(COLUMNS):
         return tuple(roles.index(role) for role in COLUMNS)
     for position, (name, role) in enumerate(zip(names, roles)):
@@ -218,12 +221,10 @@ def _frame_triples(frame: pd.DataFrame, label: str) -> Triples:
     return Triples(label, users, items, ratings, np.arange(1, len(frame) + 1), "row")
 
 
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
+def _column_role(name: str) -> str | None:
+    """The column ('user', 'item' or 'rating') a header field names, None for another word."""
+    name = name.strip().strip("\"'").lower().replace(" ", "_").replace("-", "_")
+    return next((role for role, known in _HEADER_NAMES.items() if name in known), None)
 
 
 def _show(value: object) -> str:
@@ -253,54 +254,51 @@ def _parse_ratings(raw: Triples, rating_scale: tuple[int, int]) -> np.ndarray:
 
 
 _PLAIN_INTEGER = r"-?(?:0|[1-9][0-9]*)(?:\.0*)?"  # '7.0' too: pandas writes integer ids so beside a NaN
+_INT64_DIGITS = {False: str(2**63 - 1), True: str(2**63)}  # the largest magnitude int64 holds, by sign
 
 
-def _written_plainly(values: np.ndarray) -> np.ndarray:
-    """Whether each value is a number, or text that writes an integer plainly (digits, an optional minus, no
-    leading zero, no exponent; a '.0' is allowed): '0042' and '42', or '1e3' and '1000', are two ids, as codes
-    such as ISBNs are."""
-    # each distinct token is checked once: ids repeat, and a regular expression per rating is half a load's time
-    codes, tokens = pd.factorize(np.asarray(values, dtype=object))
-    strings = np.fromiter((isinstance(v, str) for v in tokens), dtype=bool, count=len(tokens))
-    plain_tokens = np.ones(len(tokens), dtype=bool)
-    if strings.any():
-        text = pd.Series(tokens[strings], dtype=object).str.strip()
-        plain_tokens[strings] = text.str.fullmatch(_PLAIN_INTEGER).to_numpy(dtype=bool)
-    plain = np.ones(len(codes), dtype=bool)  # a missing value (code -1) is left to the id checks after this
-    plain[codes >= 0] = plain_tokens[codes[codes >= 0]]
-    return plain
+def _id_keys(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(each value's id, whether it is an integer id, whether it is missing), each value read by itself.
 
-
-def _integer_ids(values: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
-    """(int64 ids if every value is an integer held exactly and written plainly, else None; which values are)."""
-    plain = _written_plainly(values)
-    parsed = pd.to_numeric(pd.Series(values, dtype=object), errors="coerce")
-    if parsed.dtype.kind == "i" and plain.all():  # all integers that fit int64, read exactly
-        return parsed.to_numpy(dtype=np.int64), plain
-    numbers = parsed.to_numpy(dtype=np.float64)
-    # beyond 2^53 a float64 no longer tells neighbouring integers apart: such ids stay text
-    is_int = _is_integer(numbers) & (np.abs(numbers) < 2.0 ** 53) & plain
-    return (numbers.astype(np.int64) if is_int.all() else None), is_int
-
-
-def _text_ids(values: np.ndarray) -> np.ndarray:
-    return pd.Series(values, dtype=object).astype(str).str.strip().to_numpy(dtype=object)
+    The rule (``read_triples``): a value written as a plain integer that int64 holds (digits, an optional
+    minus, no leading zero, no exponent, an optional '.0') is that integer; any other is its text, stripped.
+    Numbers are read as ``str`` writes them. The ids are int64 when all are integers, else strings, the
+    integers then written in decimal ('7.0' as '7'): '7' and '7.0' are one id and '07' another, in any file.
+    """
+    values = np.asarray(values)
+    if values.dtype.kind == "i":
+        return values.astype(np.int64), np.ones(values.shape, dtype=bool), np.zeros(values.shape, dtype=bool)
+    # each distinct token is read once: ids repeat, and a regular expression per rating is half a load's time
+    codes, tokens = pd.factorize(values.astype(object))
+    text = pd.Series(tokens, dtype=object).astype(str).str.strip()
+    whole = text.str.replace(r"\.0*$", "", regex=True).where(text.str.fullmatch(_PLAIN_INTEGER), None)
+    whole = whole.where(whole != "-0", "0")
+    digits = whole.str.lstrip("-").str.len().fillna(0).to_numpy(dtype=np.int64)
+    negative = whole.str.startswith("-").fillna(False).to_numpy(dtype=bool)
+    largest = np.where(negative, _INT64_DIGITS[True], _INT64_DIGITS[False])
+    magnitude = whole.str.lstrip("-").fillna("").to_numpy(dtype=object)
+    token_integer = whole.notna().to_numpy() & ((digits < 19) | ((digits == 19) & (magnitude <= largest)))
+    token_keys = text.where(whole.isna(), whole).to_numpy(dtype=object)
+    token_empty = (text == "").to_numpy()
+    missing = (codes < 0) | token_empty[codes]
+    integer = ~missing & token_integer[codes]
+    if integer.all():  # then so is every distinct token
+        return pd.to_numeric(whole).to_numpy(dtype=np.int64)[codes], integer, missing
+    keys = token_keys[codes]
+    keys[missing] = None
+    return keys, integer, missing
 
 
 def _parse_ids(raw: Triples, values: np.ndarray, kind: str, integer: bool) -> np.ndarray:
-    """int64 ids when all are integers; else stripped strings (or an error when ``integer``)."""
-    ids, is_int = _integer_ids(values)
-    if ids is not None:
-        return ids
-    if integer:
+    """The ids of ``_id_keys``; a missing id, or with ``integer`` one that is not an integer, is an error."""
+    ids, is_int, missing = _id_keys(values)
+    if missing.any():
+        raise raw.error(np.flatnonzero(missing)[0], f"{kind} id is missing")
+    if integer and not is_int.all():
         k = np.flatnonzero(~is_int)[0]
         raise raw.error(k, f"{kind} id {_show(values[k])} is not an integer written plainly (digits, no leading "
-                           "zero)")
-    text = _text_ids(values)
-    missing = np.flatnonzero(pd.isna(values) | (text == ""))
-    if len(missing):
-        raise raw.error(missing[0], f"{kind} id is missing")
-    return text
+                           "zero, within int64)")
+    return ids
 
 
 def _check_unique_pairs(t: Triples) -> None:

@@ -93,13 +93,20 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
 
     def _validate(self, X, reset: bool) -> np.ndarray:
         X = pandas_missing_as_nan(X)
-        try:
-            return validate_data(self, X, dtype=np.float64, ensure_all_finite="allow-nan", reset=reset)
+        try:  # infinities are let through here to be refused below, naming where the first is
+            array = validate_data(self, X, dtype=np.float64, ensure_all_finite=False, reset=reset)
         except ValueError as error:  # not TypeError: scikit-learn's checks expect its own for a dict or the like
             named = non_numeric_error(X, "NotMIWAEImputer")
             if named is None:
                 raise
             raise named from error
+        infinite = np.argwhere(np.isinf(array))
+        if infinite.size:
+            i, j = infinite[0]
+            column = column_name(getattr(self, "feature_names_in_", None), j)
+            raise ValueError(f"NotMIWAEImputer: X holds {len(infinite)} infinite values, the first {array[i, j]} in "
+                             f"row {i}, {column}; mark a missing entry with NaN")
+        return array
 
     def model_config(self, n_features: int) -> ModelConfig:
         """The architecture this estimator trains for `n_features` features."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
+from numbers import Real
 
 from torch import nn
 
@@ -88,6 +90,13 @@ class ModelConfig:
         if not (isinstance(self.levels, (tuple, list)) and len(self.levels) == 2
                 and all(is_integer(level) for level in self.levels) and self.levels[0] < self.levels[1]):
             raise ValueError(f"levels must be two integers lo < hi (the rating levels lo..hi), got {self.levels!r}")
+        if self.squash is not None and not (
+                isinstance(self.squash, (tuple, list)) and len(self.squash) == 2
+                and all(isinstance(end, Real) and not isinstance(end, bool) and math.isfinite(end)
+                        for end in self.squash)
+                and self.squash[0] < self.squash[1]):
+            raise ValueError(f"squash must be None or two finite numbers lo < hi (the range of the Gaussian mean), "
+                             f"got {self.squash!r}")
         if self.missing == "self-masking-known" and self.missing_sign not in (-1, 1):
             raise ValueError(f"self-masking-known needs missing_sign -1 (large values go missing) or +1 (large "
                              f"values are observed), got {self.missing_sign!r}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from mnar_recsys.data.ondisk import convert_triples, open_csr
+from mnar_recsys.data.triples import check_rating_scale
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -15,12 +16,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--sep", default=None,
                         help="field separator (default: the first of tab, comma, semicolon, bar on the first line, "
                              "else whitespace; a tab from a shell: $'\\t')")
-    parser.add_argument("--rating-scale", type=_scale, default=(1, 5), help="LOW,HIGH integer ratings (default 1,5)")
+    parser.add_argument("--rating-scale", type=rating_scale, default=(1, 5),
+                        help="LOW,HIGH integer ratings (default 1,5)")
     parser.set_defaults(run=_run)
 
 
-def _scale(text: str) -> tuple[int, int]:
-    low, high = (int(part) for part in text.split(","))
+def rating_scale(text: str) -> tuple[int, int]:
+    """LOW,HIGH as two integers 1 <= LOW < HIGH; argparse prints the error after the option's name."""
+    try:
+        low, high = (int(part) for part in text.split(","))
+        check_rating_scale((low, high))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LOW,HIGH: two integers 1 <= LOW < HIGH such as 1,5; got {text!r}") \
+            from None
     return low, high
 
 

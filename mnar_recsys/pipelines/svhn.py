@@ -35,6 +35,7 @@ from mnar_recsys.inference.importance import ImportanceConfig, impute, log_likel
 from mnar_recsys.models.config import ModelConfig, build_model
 from mnar_recsys.models.missing import MCAR
 from mnar_recsys.models.notmiwae import NotMIWAE
+from mnar_recsys.pipelines.output_lock import holds_output
 from mnar_recsys.training.trainer import TrainConfig, fit
 
 MODELS = ("notmiwae", "miwae")
@@ -195,6 +196,7 @@ def run_svhn(config: SVHNConfig, out: Path, data_dir: str | None = None, progres
     return run_clipping(train_images, test_images, config, out, source, progress)
 
 
+@holds_output("out", OUTPUTS)
 def run_clipping(train_images: np.ndarray, test_images: np.ndarray, config: SVHNConfig, out: Path,
                  source: str, progress: bool = False) -> dict[str, Any]:
     """Clip, fit both models, score; write results.json / results.md / figures to `out`; return the results.

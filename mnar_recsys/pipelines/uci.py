@@ -31,7 +31,10 @@ from mnar_recsys.evaluation.metrics import imputation_rmse
 from mnar_recsys.evaluation.reports import (markdown_table, provenance, remove_previous, summarise, write_atomic,
                                            write_json)
 from mnar_recsys.inference.importance import SAMPLED_IMPUTATIONS, check_sampled_imputation
+from mnar_recsys.pipelines.output_lock import holds_output
 from mnar_recsys.pipelines.workers import run_tasks, threads_per_run
+
+OUTPUTS = ("results.json", "results.md", "rmse.png")
 
 #: (decoder, missing model) of each neural model, named as in the paper's table 1
 NEURAL_MODELS: dict[str, tuple[str, str]] = {
@@ -209,6 +212,7 @@ def results_markdown(records: list[dict[str, Any]], protocol: dict[str, Any]) ->
     return text
 
 
+@holds_output("out", OUTPUTS)
 def run_uci(datasets: list[str], models: list[str], config: UCIConfig, out: Path,
             data_dir: str | None = None, jobs: int = 1, progress: bool = False) -> list[dict[str, Any]]:
     """Run every (data set, model, run), rewriting results.json after each so a long run can be followed.
@@ -235,7 +239,7 @@ def run_uci(datasets: list[str], models: list[str], config: UCIConfig, out: Path
     records: list[dict[str, Any]] = []
     for _, record in run_tasks(run_one, tasks, jobs):
         if not records:  # an earlier run's files stay until this run has a record to replace them
-            remove_previous(out, ("results.json", "results.md", "rmse.png"))
+            remove_previous(out, OUTPUTS)
         records.append(record)
         print(f"{record['dataset']:9s} {record['model']:34s} run {record['run']}: RMSE {record['rmse']:.3f} "
               f"({record['seconds']:.0f} s)", flush=True)

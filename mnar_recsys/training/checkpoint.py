@@ -13,6 +13,7 @@ from mnar_recsys.evaluation.reports import atomic_path, provenance, write_json
 from mnar_recsys.models.config import ModelConfig, build_model
 from mnar_recsys.models.notmiwae import NotMIWAE
 from mnar_recsys.training import distributed
+from mnar_recsys.training.trainer import non_finite_parameter
 
 CONFIG_FILE, STATE_FILE = "config.json", "state.pt"
 DIGESTS_KEY = "sha256"  # config.json's record of the files saved with it
@@ -39,7 +40,10 @@ def save(model: NotMIWAE, config: ModelConfig, directory: str | Path, extra: dic
 
 
 def load(directory: str | Path, map_location: str = "cpu") -> tuple[NotMIWAE, ModelConfig, dict]:
-    """Rebuild a saved model; return it, its config and the rest of config.json."""
+    """Rebuild a saved model; return it, its config and the rest of config.json.
+
+    config.json must record the sha256 of state.pt (a save that lacks it cannot be told from a damaged one),
+    and every weight must be finite: NaN weights would give NaN predictions without a word."""
     directory = Path(directory)
     for name in (CONFIG_FILE, STATE_FILE):
         if not (directory / name).is_file():
@@ -50,10 +54,10 @@ def load(directory: str | Path, map_location: str = "cpu") -> tuple[NotMIWAE, Mo
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"{path} is not valid JSON ({error}): not a saved model, or a damaged one") from None
     if not (isinstance(meta, dict) and isinstance(meta.get("model"), dict)
-            and isinstance(meta.get(DIGESTS_KEY, {}), dict)):
-        raise ValueError(f"{path}: expected an object with a 'model' config object (and a '{DIGESTS_KEY}' object "
-                         "of file digests): not a saved model")
-    for name, digest in meta.pop(DIGESTS_KEY, {}).items():
+            and isinstance(meta.get(DIGESTS_KEY), dict) and isinstance(meta[DIGESTS_KEY].get(STATE_FILE), str)):
+        raise ValueError(f"{path}: expected an object with a 'model' config object and a '{DIGESTS_KEY}' object "
+                         f"holding the digest of {STATE_FILE}: not a saved model, or a damaged one")
+    for name, digest in meta.pop(DIGESTS_KEY).items():
         if not (directory / name).is_file() or sha256_of(directory / name) != digest:
             raise ValueError(f"{directory / name} is not the file {path} was saved with (its sha256 "
                              "differs): a save into this folder was interrupted; save the model again")
@@ -64,6 +68,9 @@ def load(directory: str | Path, map_location: str = "cpu") -> tuple[NotMIWAE, Mo
     except Exception as error:  # torch's zip reader, unpickler and key checks each raise their own kind
         raise ValueError(f"{directory / STATE_FILE} does not hold the weights of the model {path} describes: "
                          f"{error}") from error
+    bad = non_finite_parameter(model)
+    if bad is not None:
+        raise ValueError(f"{directory / STATE_FILE}: {bad}; the model it holds diverged, train it again")
     return model.to(map_location).eval(), config, meta
 
 

@@ -4,12 +4,15 @@ A job launched by `torchrun --nproc_per_node N ...` (or any launcher that sets R
 MASTER_ADDR and MASTER_PORT) calls :func:`initialise` once; `fit` then wraps the model in
 DistributedDataParallel and every rank trains on its own shards of each global batch. Errors that
 one rank meets before training are shared with all ranks (:func:`agree`), so no rank is left
-waiting in a collective for a peer that has already failed.
+waiting in a collective for a peer that has already failed; a job run inside :func:`process_group`
+leaves the group at once when any rank fails anywhere else, which stops its peers (see there).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 import numpy as np
@@ -59,6 +62,26 @@ def shutdown() -> None:
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+
+
+@contextmanager
+def process_group(device: str = "auto", backend: str = "auto") -> Iterator[torch.device]:
+    """Join the group for a job (see :func:`initialise`) and leave it together when the job ends.
+
+    When this rank fails, it leaves at once instead of waiting at the final barrier and re-raises: its
+    connections close, so a peer blocked in a collective (a barrier, DDP's gradient all-reduce) fails
+    within moments rather than at the group's timeout, and a launcher such as torchrun stops the others as
+    soon as this process exits with an error. Work only one rank does (process 0 writing results) may
+    therefore fail without a hang, whatever its peers are doing.
+    """
+    resolved = initialise(device, backend)
+    try:
+        yield resolved
+    except BaseException:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        raise
+    shutdown()
 
 
 def rank() -> int:

@@ -162,8 +162,20 @@ def fit(model: NotMIWAE, data: "np.ndarray | sp.spmatrix | RowSource", config: T
                 best_state = copy.deepcopy(model.state_dict())
     if best_state is not None:
         model.load_state_dict(best_state)
+    bad = non_finite_parameter(model)
+    if bad is not None:  # the last step's bound was finite, but the update after it need not be
+        raise TrainingDiverged(f"training diverged: after {config.iterations} iterations {bad} (lr {config.lr}; a "
+                               "smaller one may train)")
     model.eval()
     return history
+
+
+def non_finite_parameter(model: nn.Module) -> str | None:
+    """Which parameter or buffer holds a NaN or an infinity, in words (None when all are finite)."""
+    for name, tensor in (*model.named_parameters(), *model.named_buffers()):
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            return f"{name} holds {int((~torch.isfinite(tensor)).sum())} non-finite values"
+    return None
 
 
 def _split_rows(model: NotMIWAE, data: "np.ndarray | sp.spmatrix | RowSource", config: TrainConfig,

@@ -92,3 +92,21 @@ def test_a_clip_given_twice_must_agree():
         IPSMatrixFactorization("mask", min_relative=0.5, mask_config=MaskPropensityConfig())
     agreed = IPSMatrixFactorization("mask", min_relative=0.5, mask_config=MaskPropensityConfig(min_relative=0.5))
     assert agreed.mask_config.min_relative == 0.5
+
+
+def test_mf_ips_warns_when_the_mcar_sample_is_tiny(mnar_data):
+    """8 MCAR ratings for 5 levels give shares of 0, 1/8, 2/8, ...: propensities from them are guesses."""
+    import warnings
+
+    from baselines.propensities import SmallMCARSampleWarning
+
+    full = mnar_data.mcar_test(0.05, seed=0)
+    coo = full.tocoo()
+    keep = np.random.default_rng(0).choice(coo.nnz, 8, replace=False)
+    tiny = sp.csr_matrix((coo.data[keep], (coo.row[keep], coo.col[keep])), shape=full.shape)
+    with pytest.warns(SmallMCARSampleWarning, match=r"the MCAR sample holds 8 ratings for 5 rating levels, fewer "
+                                                    r"than 10 per level"):
+        IPSMatrixFactorization("naive-bayes", mcar_sample=tiny).fit(mnar_data.train)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SmallMCARSampleWarning)
+        IPSMatrixFactorization("naive-bayes", mcar_sample=full).fit(mnar_data.train)  # its share of 5%: quiet

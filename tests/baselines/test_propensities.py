@@ -16,6 +16,7 @@ def test_naive_bayes_propensities_ordered_and_close_to_truth(mnar_data):
         nb(np.array([6.0]))
 
 
+@pytest.mark.filterwarnings("ignore::baselines.propensities.SmallMCARSampleWarning")  # a sample small by design
 def test_naive_bayes_hand_computed_and_clipped():
     train = sp.csr_matrix(np.array([[1.0, 2.0, 0.0, 0.0], [2.0, 0.0, 0.0, 0.0]]))  # density 3/8
     sample = sp.csr_matrix(np.array([[0.0, 0.0, 1.0, 1.0], [0.0, 1.0, 2.0, 1.0]]))

@@ -190,14 +190,21 @@ def test_indptr_that_decreases_and_columns_out_of_range_are_named(folder):
         open_csr(folder / "nowhere")
 
 
-def test_fit_refuses_a_nan_value_in_the_folder(folder):
-    """A folder is memory-mapped, not validated value by value when opened: training reads every value first."""
+def test_fit_refuses_a_nan_value_in_the_folder(folder, monkeypatch):
+    """A folder is memory-mapped, not validated value by value when opened: training reads every value first,
+    a chunk at a time, and names the file, the entry and its row."""
+    from mnar_recsys.data import ondisk
+
+    monkeypatch.setattr(ondisk, "CHUNK", 4)
     data = np.load(folder / "data.npy")
-    data[7] = np.nan
+    data[[7, 9]] = [np.nan, np.inf]
     np.save(folder / "data.npy", data)
+    rows = open_csr(folder)
+    row = int(np.searchsorted(rows.indptr, 7, side="right")) - 1
     model = build_model(ModelConfig(n_features=30, latent_dim=2, embedding_dim=4, code_dim=6))
-    with pytest.raises(ValueError, match=r"1 observed values are NaN or infinite \(e\.g\. nan\)"):
-        fit(model, open_csr(folder), TrainConfig(iterations=2, batch_size=16, device="cpu", progress=False))
+    with pytest.raises(ValueError, match=rf"{folder / 'data.npy'}: entry 7 \(row {row}, column {rows.indices[7]}\) is "
+                                         r"nan, .* the file is corrupt"):
+        fit(model, rows, TrainConfig(iterations=2, batch_size=16, device="cpu", progress=False))
 
 
 def test_the_values_are_checked_a_chunk_at_a_time(folder, monkeypatch):
@@ -207,14 +214,10 @@ def test_the_values_are_checked_a_chunk_at_a_time(folder, monkeypatch):
 
     monkeypatch.setattr(trainer, "CHECK_CHUNK", 16)
     data = np.load(folder / "data.npy")
-    data[[20, 21]] = [np.inf, 7.0]
+    data[21] = 7.0
     np.save(folder / "data.npy", data)
     model = build_model(ModelConfig(n_features=30, latent_dim=2, embedding_dim=4, code_dim=6))
     config = TrainConfig(iterations=2, batch_size=16, device="cpu", progress=False)
-    with pytest.raises(ValueError, match=r"1 observed values among observed entries 16\.\.31 are NaN or infinite"):
-        fit(model, open_csr(folder), config)
-    data[20] = 3.0
-    np.save(folder / "data.npy", data)
     with pytest.raises(ValueError, match=r"squashed to \[1\.0, 5\.0\] but 1 observed values lie outside it "
                                          r"\(e\.g\. 7\.0\) among observed entries 16\.\.31"):
         fit(model, open_csr(folder), config)

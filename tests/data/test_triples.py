@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from mnar_recsys.data.ondisk import convert_triples, open_csr
 from mnar_recsys.data.triples import load_triples, read_triples
 
 
@@ -166,8 +167,10 @@ def test_a_header_is_read_by_name(tmp_path):
     swapped = write(tmp_path / "swapped.csv", "item,user,stars2\n1,2,5\n")
     with pytest.raises(ValueError, match=r"swapped\.csv, line 1: the header names 'item' in column 1, where the user"):
         read_triples(swapped)
-    unnamed = write(tmp_path / "unnamed.csv", "a,b,c\n1,2,5\n")
-    assert read_triples(unnamed).users.tolist() == [1]
+    unnamed = write(tmp_path / "unnamed.csv", "a,b,c\n1,2,5\n")  # names no column: data, and bad data
+    with pytest.raises(ValueError, match=r"unnamed\.csv, line 1: rating 'c' is not an integer"):
+        read_triples(unnamed)
+    assert read_triples(unnamed, header=True).users.tolist() == [1]
     spaced = write(tmp_path / "spaced.txt", "user id item id rating\n1 7 5\n2 8 4\n")  # five names, three columns
     assert read_triples(spaced).items.tolist() == [7, 8]
 
@@ -181,3 +184,26 @@ def test_ids_written_two_ways_stay_two_ids(tmp_path):
     # as pandas writes integer ids beside a missing value: still the integers
     floats = load_triples(write(tmp_path / "f.csv", "1.0,10.0,5\n2.0,20.0,4\n"), write(tmp_path / "t.csv", "1,20,3\n"))
     np.testing.assert_array_equal(floats.user_ids, [1, 2])
+
+
+@pytest.mark.parametrize("others, kind", [("", "i"), ("01,x,3\nu9,x,3\n", "O")])
+def test_an_id_is_read_by_itself(tmp_path, others, kind):
+    """'7' and '7.0' are one user, and '01' another than '1', whether or not other lines hold text ids; the
+    on-disk converter reads them alike."""
+    source = write(tmp_path / "r.csv", "7,x,5\n7.0,y,4\n1,x,1\n1.0,y,2\n" + others)
+    triples = read_triples(source)
+    assert triples.users.dtype.kind == kind
+    assert [str(user) for user in triples.users] == ["7", "7", "1", "1", "01", "u9"][:len(triples.users)]
+    expected = [1, 7] if kind == "i" else ["01", "1", "7", "u9"]
+    np.testing.assert_array_equal(load_triples(source, source).user_ids, expected)
+    np.testing.assert_array_equal(open_csr(convert_triples(source, tmp_path / "csr", chunksize=2)).user_ids, expected)
+    if others:
+        with pytest.raises(ValueError, match=r"r\.csv, line 5: user id '01' is not an integer"):
+            read_triples(source, integer_ids=True)
+
+
+@pytest.mark.parametrize("text, line", [("u1,i1,five\nu2,i1,3\n", 1), ("u2,i1,3\nu1,i1,five\n", 2)])
+def test_a_damaged_first_line_is_refused_like_any_other(tmp_path, text, line):
+    """A header is known by its column names: a first line that fails to parse is bad data, not a header."""
+    with pytest.raises(ValueError, match=rf"r\.csv, line {line}: rating 'five' is not an integer"):
+        read_triples(write(tmp_path / "r.csv", text))

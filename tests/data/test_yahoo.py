@@ -75,6 +75,15 @@ def test_missing_file_points_at_the_card(tmp_path, missing):
         load_yahoo_r3(tmp_path)
 
 
+def test_a_folder_where_a_file_belongs_is_named_as_a_folder(tmp_path):
+    write_yahoo(tmp_path)
+    (tmp_path / TRAIN_FILE).unlink()
+    (tmp_path / TRAIN_FILE).mkdir()
+    with pytest.raises(IsADirectoryError, match=rf"data file {tmp_path / TRAIN_FILE} is a folder; put the data file "
+                                                r"itself there \(see datasets/yahoo_r3/README\.md\)"):
+        load_yahoo_r3(tmp_path)
+
+
 def with_train_line(line: str, position: int = 2) -> list:
     rows = [tuple(map(str, row)) for row in TRAIN]
     rows.insert(position, tuple(line.split("\t")))

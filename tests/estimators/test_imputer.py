@@ -271,3 +271,15 @@ def test_agnostic_missing_model_learns_the_mask_and_imputes(self_masked):
     assert drawn_rmse < mean_rmse - 0.2 and not np.allclose(drawn, imputed)
     with pytest.raises(ValueError, match="sampled_imputation"):
         NotMIWAEImputer(**{**TINY, "sampled_imputation": "tilted"}).fit(Xm)
+
+
+def test_an_infinity_is_refused_naming_its_row_and_column(self_masked):
+    _, _, Xm = self_masked
+    infinite = Xm.copy()
+    infinite[[7, 9], [3, 1]] = [np.inf, -np.inf]
+    with pytest.raises(ValueError, match=r"X holds 2 infinite values, the first inf in row 7, column 3 \('d'\); mark "
+                                         r"a missing entry with NaN"):
+        NotMIWAEImputer(**TINY).fit(pd.DataFrame(infinite, columns=list("abcdef")))
+    fitted = NotMIWAEImputer(**TINY).fit(Xm)
+    with pytest.raises(ValueError, match=r"X holds 2 infinite values, the first inf in row 7, column 3;"):
+        fitted.transform(infinite)

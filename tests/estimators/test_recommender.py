@@ -8,6 +8,7 @@ import torch
 
 from baselines.registry import make_baseline
 from mnar_recsys.data import SimulatorConfig, simulate_ratings
+from mnar_recsys.data.files import sha256_of
 from mnar_recsys.estimators.recommender import (
     VARIANTS,
     NotMIWAERecommender,
@@ -160,8 +161,10 @@ def test_a_damaged_or_foreign_save_is_refused_naming_the_file(small_ratings, tmp
     refused = {**meta, "model": {**meta["model"], "latent_dim": -1}}
     assert "cannot rebuild its ModelConfig (latent_dim must be" in load_with(json.dumps(refused))
     undigested = {key: value for key, value in meta.items() if key != "sha256"}
+    assert "and a 'sha256' object holding the digest of state.pt" in load_with(json.dumps(undigested))
     (saved / "state.pt").write_bytes((saved / "state.pt").read_bytes()[:-100])
-    assert "state.pt does not hold the weights of the model" in load_with(json.dumps(undigested))
+    redigested = {**meta, "sha256": {**meta["sha256"], "state.pt": sha256_of(saved / "state.pt")}}
+    assert "state.pt does not hold the weights of the model" in load_with(json.dumps(redigested))
 
 
 def test_fit_leaves_the_callers_torch_random_state_alone(small_ratings):

@@ -86,6 +86,29 @@ def test_an_unavailable_backend_stops_every_rank_before_joining():
     assert launched.stderr.count("the nccl backend") >= 1
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("models", ["mf,notmiwae-gaussian", "notmiwae-gaussian,mf"])
+def test_process_0_failing_in_its_own_work_stops_every_rank(tmp_path, models):
+    """Process 0 alone writes results: when that fails (results.json is a folder) while its peer trains a
+    not-MIWAE or waits at the final barrier, both stop in seconds, not at the group's 30-minute timeout."""
+    out = tmp_path / "out"
+    (out / "results.json").mkdir(parents=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
+               "mnar_recsys.cli", "ratings", "--users", "200", "--items", "30", "--seeds", "0", "--iterations", "20",
+               "--importance-samples", "10", "--device", "cpu", "--models", models, "--out", str(out), "--no-progress"]
+    launched = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        _, errors = launched.communicate(timeout=LAUNCH_TIMEOUT)
+    except subprocess.TimeoutExpired:  # the hang this tests for
+        launched.terminate()  # torchrun stops its ranks on SIGTERM; killed, it would leave them waiting
+        launched.communicate(timeout=60)
+        raise
+    assert launched.returncode != 0
+    assert f"mnar-recsys ratings: error: [Errno 21] Is a directory: '{out / 'results.json'}'" in errors
+    assert sorted(p.name for p in out.iterdir()) == ["results.json"]  # and the folder's lock is released
+
+
 def test_unavailable_backends_are_refused():
     with pytest.raises(ValueError, match="backend must be one of"):
         choose_backend("mpi", torch.device("cpu"))
