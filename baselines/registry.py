@@ -17,6 +17,7 @@ from baselines.autorec import AUTOREC_GRID, AutoRec
 from baselines.base import Recommender
 from baselines.constant import ConstantPredictor, TrainMean
 from baselines.dr import DoublyRobustMF
+from baselines.dr_jl import DRJL_GRID, DoublyRobustJointMF, DoublyRobustJointNFM
 from baselines.ips import IPSMatrixFactorization
 from baselines.mf import MF_GRID, MatrixFactorization
 from baselines.mixture import MIXTURE_GRID, MultinomialMixture
@@ -60,6 +61,12 @@ SPECS: dict[str, BaselineSpec] = {
     "mf-dr": BaselineSpec(lambda **kw: DoublyRobustMF("naive-bayes", **kw), MF_GRID, uses_mcar_sample=True),
     "mf-dr-mask": BaselineSpec(lambda **kw: DoublyRobustMF("mask", **kw), MF_GRID),
     "mf-dr-given": BaselineSpec(lambda **kw: DoublyRobustMF("given", **kw), MF_GRID, given_propensities=True),
+    "mf-dr-jl": BaselineSpec(lambda **kw: DoublyRobustJointMF("naive-bayes", **kw), DRJL_GRID, uses_mcar_sample=True,
+                             published=0.966),
+    "mf-dr-jl-mask": BaselineSpec(lambda **kw: DoublyRobustJointMF("mask", **kw), DRJL_GRID),
+    "nfm-dr-jl": BaselineSpec(lambda **kw: DoublyRobustJointNFM("naive-bayes", **kw), DRJL_GRID,
+                              uses_mcar_sample=True, published=0.957),
+    "nfm-dr-jl-mask": BaselineSpec(lambda **kw: DoublyRobustJointNFM("mask", **kw), DRJL_GRID),
     "mixture": BaselineSpec(lambda **kw: MultinomialMixture("none", **kw), MIXTURE_GRID),
     "cpt-v": BaselineSpec(lambda **kw: MultinomialMixture("cpt-v", **kw), MIXTURE_GRID, published=1.115),
     "cpt-v-mcar": BaselineSpec(lambda **kw: MultinomialMixture("cpt-v", prior="mcar", **kw), MIXTURE_GRID,
