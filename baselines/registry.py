@@ -20,6 +20,7 @@ from baselines.dr import DoublyRobustMF
 from baselines.dr_jl import DRJL_GRID, DoublyRobustJointMF, DoublyRobustJointNFM
 from baselines.ips import IPSMatrixFactorization
 from baselines.mf import MF_GRID, MatrixFactorization
+from baselines.mf_mnar import MF_MNAR_GRID, MFMNAR
 from baselines.mixture import MIXTURE_GRID, MultinomialMixture
 from baselines.pmf import PMF_GRID, ProbabilisticMF
 from baselines.propensities import mask_propensities, naive_bayes_propensities
@@ -67,6 +68,7 @@ SPECS: dict[str, BaselineSpec] = {
     "nfm-dr-jl": BaselineSpec(lambda **kw: DoublyRobustJointNFM("naive-bayes", **kw), DRJL_GRID,
                               uses_mcar_sample=True, published=0.957),
     "nfm-dr-jl-mask": BaselineSpec(lambda **kw: DoublyRobustJointNFM("mask", **kw), DRJL_GRID),
+    "mf-mnar": BaselineSpec(MFMNAR, MF_MNAR_GRID, published=2.199),
     "mixture": BaselineSpec(lambda **kw: MultinomialMixture("none", **kw), MIXTURE_GRID),
     "cpt-v": BaselineSpec(lambda **kw: MultinomialMixture("cpt-v", **kw), MIXTURE_GRID, published=1.115),
     "cpt-v-mcar": BaselineSpec(lambda **kw: MultinomialMixture("cpt-v", prior="mcar", **kw), MIXTURE_GRID,
