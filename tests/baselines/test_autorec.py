@@ -40,7 +40,7 @@ def test_a_heavy_penalty_leaves_each_users_mean_rating(mcar_data):
 
 
 def test_a_light_penalty_fits_the_train_ratings_closely(mcar_data):
-    """Measured: train MSE 1e-7 with 64 hidden units and l2 = 0.001, against 1.31 at the default l2."""
+    """Measured: train MSE 1e-7 with 64 hidden units and l2 = 0.001, against 1.12 at the default l2."""
     train = mcar_data.train[:60, :40]
     model = AutoRec(hidden=64, l2=1e-3, n_iters=500).fit(train)
     fitted = train.tocoo()

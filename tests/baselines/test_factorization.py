@@ -1,3 +1,5 @@
+from functools import partial
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -6,7 +8,7 @@ from baselines.mf import MatrixFactorization, MFConfig
 from baselines.pmf import PMFConfig, ProbabilisticMF
 from mnar_recsys.evaluation.metrics import mse
 
-MODELS = [MatrixFactorization, ProbabilisticMF]
+MODELS = [MatrixFactorization, ProbabilisticMF, partial(ProbabilisticMF, biases=False)]
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -122,7 +124,7 @@ def test_pmf_is_the_map_estimate_with_each_sides_own_prior():
     E^T U = lambda_v V for the observed residuals E (measured: both within 3e-15 after 300 sweeps)."""
     rng = np.random.default_rng(0)
     ratings = sp.csr_matrix(rng.integers(1, 6, (30, 20)) * (rng.random((30, 20)) < 0.4))
-    model = ProbabilisticMF(n_factors=3, lambda_u=2.0, lambda_v=8.0, n_iters=300, seed=0).fit(ratings)
+    model = ProbabilisticMF(n_factors=3, lambda_u=2.0, lambda_v=8.0, biases=False, n_iters=300, seed=0).fit(ratings)
     U, V = model.user_factors, model.item_factors
     rows, cols = ratings.nonzero()
     residual = sp.csr_matrix((np.asarray(ratings[rows, cols]).ravel() - model.global_mean
@@ -144,3 +146,33 @@ def test_ratings_off_the_clipping_scale_are_refused(model):
     for field in ("n_factors", "n_iters"):  # 2.0 had failed inside NumPy as a bare TypeError
         with pytest.raises(ValueError, match=f"Config.{field} must be a positive integer, got 2.0"):
             model(**{field: 2.0}).fit(train)
+
+
+def test_pmf_with_biases_is_the_map_estimate_with_each_sides_own_prior():
+    """With biases each side's prior covers its bias too: at the optimum, besides E V = lambda_u U and
+    E^T U = lambda_v V, each user's residuals sum to lambda_u b_u and each item's to lambda_v b_i."""
+    rng = np.random.default_rng(0)
+    ratings = sp.csr_matrix(rng.integers(1, 6, (30, 20)) * (rng.random((30, 20)) < 0.4))
+    model = ProbabilisticMF(n_factors=3, lambda_u=2.0, lambda_v=8.0, biases=True, n_iters=300, seed=0).fit(ratings)
+    U, V, bu, bi = model.user_factors, model.item_factors, model.user_bias, model.item_bias
+    rows, cols = ratings.nonzero()
+    residual = sp.csr_matrix((np.asarray(ratings[rows, cols]).ravel() - model.global_mean - bu[rows] - bi[cols]
+                              - np.einsum("kf,kf->k", U[rows], V[cols]), (rows, cols)), shape=ratings.shape)
+    np.testing.assert_allclose(residual @ V, 2.0 * U, atol=1e-8)
+    np.testing.assert_allclose(residual.T @ U, 8.0 * V, atol=1e-8)
+    np.testing.assert_allclose(np.asarray(residual.sum(1)).ravel(), 2.0 * bu, atol=1e-8)
+    np.testing.assert_allclose(np.asarray(residual.sum(0)).ravel(), 8.0 * bi, atol=1e-8)
+    assert np.abs(bu).max() > 0.1 and np.abs(bi).max() > 0.1
+
+
+def test_pmf_biases_help_where_users_and_items_differ_in_level(mcar_data):
+    """The fixture's ratings carry user and item offsets (sd 0.6 each) that the factors alone must spend rank on
+    (measured MSE over all cells at 2 factors: 0.50 with biases, 1.04 without)."""
+    u, i, y = mcar_data.all_cells()
+    plain = mse(y, ProbabilisticMF(n_factors=2, biases=False).fit(mcar_data.train).predict(u, i))
+    biased = mse(y, ProbabilisticMF(n_factors=2, biases=True).fit(mcar_data.train).predict(u, i))
+    assert biased < plain - 0.05
+    without = ProbabilisticMF(n_factors=2, biases=False).fit(mcar_data.train)
+    assert not without.user_bias.any() and not without.item_bias.any()
+    with pytest.raises(ValueError, match="PMFConfig.biases must be True or False, got 1"):
+        ProbabilisticMF(biases=1).fit(mcar_data.train)
