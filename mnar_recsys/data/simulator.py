@@ -7,7 +7,7 @@ Generative model (all draws from one seeded ``np.random.default_rng``):
    ``e_ui ~ N(0, noise_var)``.
 2. Rating ``r_ui = 1 + #{k : s_ui > t_k}``, with thresholds ``t_k`` at the quantiles of the scores
    given by the cumulative ``mcar_shares``, so a uniformly random cell has those rating shares.
-3. Self-selection (train, MNAR), one of two mechanisms (``selection``):
+3. Self-selection (train, MNAR), one of three mechanisms (``selection``):
    - ``"race"`` (default): user u rates ``n_u`` items (``n_u`` = ``min_ratings_per_user`` plus a
      log-normal count whose median and mean are solved from the config), drawn without replacement
      with weight ``popularity_i * propensity[r_ui]``; the per-rating propensity is solved so that the
@@ -21,6 +21,13 @@ Generative model (all draws from one seeded ``np.random.default_rng``):
      shares are ``train_shares``. This is the not-MIWAE's own missing model (an item bias plus a logit
      per rating level), so it tells model error from mis-specification; users then rate a
      binomial-like number of items, which may be below ``min_ratings_per_user``.
+   - ``"logistic"``: every cell is rated independently with ``logit Pr(rated) = intercept +
+     activity_sd * z_u + log popularity_i + log propensity[r_ui]``, where the standard-normal activity
+     ``z_u`` correlates (``activity_bias_correlation``) with the user's rating bias. Users are drawn in
+     blocks and those with fewer than ``min_ratings_per_user`` ratings dropped, as Yahoo! R3 dropped
+     them, until ``n_users`` are kept. The intercept, activity sd and propensities are solved so that
+     the kept users' median and mean counts and train shares hit the targets, and the thresholds so
+     that the kept users' cells have the MCAR shares (dropping favours users with high ratings).
 4. MCAR test: each of the first ``n_test_users`` users gets ``test_items_per_user`` items drawn
    uniformly without replacement, independently of the train selection (a cell may be in both).
 
@@ -34,7 +41,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike
-from scipy.special import expit, ndtr
+from scipy.optimize import least_squares
+from scipy.special import expit, gammaln, ndtr
 
 from .ratings import RatingsData
 from .triples import to_csr
@@ -45,7 +53,17 @@ _BLOCK_ROWS = 1024  # rows per block of temporaries
 _ORACLE_GRID = 4096  # interpolation cells for the oracle's E[rating | signal]
 _INDEPENDENT_ROUNDS = 2_000  # most damped fixed-point steps solving the independent selection's logits
 _MAX_SELECTION_LOGIT = 30.0  # bound on those logits, so that out-of-reach targets cannot overflow them
-SELECTIONS = ("race", "independent")
+_SOLVE_USERS = 4_096  # users of the first block, on which the logistic selection is first solved roughly
+_POPULARITY_BINS = 48  # bins of log popularity in that solve's per-user tables
+_THRESHOLD_ROUNDS = 1  # re-placements of the thresholds at the kept users' cells, each with a re-solve
+_QUANTILE_BINS = 1 << 14  # histogram cells of those quantiles
+_SOLVE_KEPT = 2_048  # users likely to be kept that the final solve needs
+_RELEVANT_KEEP = 1e-4  # users kept with a smaller chance under the rough solve are left out of the final one
+_SOLVE_MAX_USERS = 8_192  # at most this many users in the final solve
+_MAX_BLOCK_USERS = 65_536  # users drawn at once: bounds the memory of a pool that mostly gets dropped
+_LOGISTIC_DENSITY = 20  # the logistic selection needs n_items >= this x the mean ratings per user
+_MIN_KEEP_RATE = 0.01  # below this share of users kept, the pool to draw would be huge
+SELECTIONS = ("race", "independent", "logistic")
 
 
 @dataclass
@@ -65,13 +83,18 @@ class SimulatorConfig:
         mcar_shares: rating shares 1..K of a uniformly random cell (sets the ordinal thresholds).
         train_shares: target rating shares 1..K of the self-selected train ratings (sets the propensities).
         min_ratings_per_user: with ``selection="race"`` every user rates at least this many items in
-            train; with "independent" it enters only the expected number of ratings, and a user may rate fewer.
+            train; with "logistic" users who rate fewer are dropped; with "independent" it enters only the
+            expected number of ratings, and a user may rate fewer.
         median_ratings_per_user: median train ratings per user.
         mean_ratings_per_user: mean train ratings per user (with the median, fixes the log-normal tail).
         popularity_sigma: log-scale spread of item popularity (heavier tail -> more skewed item counts).
         popularity_floor: popularity added to every item, so that no item is (almost) never rated.
-        selection: "race" (a fixed number of ratings per user, drawn without replacement) or
-            "independent" (a logistic draw per cell); see the module docstring.
+        selection: "race" (a fixed number of ratings per user, drawn without replacement),
+            "independent" (a logistic draw per cell) or "logistic" (a logistic draw per cell with a
+            per-user activity, light users dropped); see the module docstring.
+        activity_bias_correlation: with ``selection="logistic"``, the correlation of a user's activity
+            (the per-user shift of the selection logits) with the user's rating bias: users who like
+            more of the catalogue rate more of it.
         seed: seed of the random generator; equal configs give equal data.
     """
 
@@ -92,6 +115,7 @@ class SimulatorConfig:
     popularity_sigma: float = 1.5
     popularity_floor: float = 0.25
     selection: str = "race"
+    activity_bias_correlation: float = 0.6
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -105,6 +129,8 @@ class SimulatorConfig:
             raise ValueError(f"noise_var must be > 0, got {self.noise_var}")
         if self.selection not in SELECTIONS:
             raise ValueError(f"selection must be one of {SELECTIONS}, got {self.selection!r}")
+        if not -1 < self.activity_bias_correlation < 1:
+            raise ValueError(f"activity_bias_correlation must lie in (-1, 1), got {self.activity_bias_correlation}")
         if len(self.mcar_shares) != len(self.train_shares):
             raise ValueError("mcar_shares and train_shares must have one share per rating level")
         for name in ("mcar_shares", "train_shares"):
@@ -120,6 +146,10 @@ class SimulatorConfig:
         if self.mean_ratings_per_user >= self.n_items:
             raise ValueError(f"n_items ({self.n_items}) must exceed mean_ratings_per_user "
                              f"({self.mean_ratings_per_user})")
+        if self.selection == "logistic" and self.n_items < _LOGISTIC_DENSITY * self.mean_ratings_per_user:
+            raise ValueError(f"selection='logistic' needs n_items >= {_LOGISTIC_DENSITY} x mean_ratings_per_user "
+                             f"({_LOGISTIC_DENSITY * self.mean_ratings_per_user:g}), got {self.n_items}: denser, "
+                             "the train shares are out of reach and most simulated users are dropped")
         if not 0 <= self.n_test_users <= self.n_users:
             raise ValueError(f"n_test_users must lie in 0..n_users ({self.n_users}), got {self.n_test_users}")
         if not 0 < self.test_items_per_user <= self.n_items:
@@ -137,33 +167,28 @@ def simulate_ratings(config: SimulatorConfig | None = None) -> RatingsData:
     """
     config = config or SimulatorConfig()
     rng = np.random.default_rng(config.seed)
+    if config.selection == "logistic":
+        return _simulate_with_logistic_selection(config, rng)
     n_users, n_items = config.n_users, config.n_items
 
     user_bias = rng.normal(0.0, np.sqrt(config.user_bias_var), n_users)
     item_bias = rng.normal(0.0, np.sqrt(config.item_bias_var), n_items)
-    factor_sd = (config.interaction_var / config.rank) ** 0.25  # var(<P_u, Q_i>) = rank * sd**4
+    factor_sd = _factor_sd(config)
     user_factors = rng.normal(0.0, factor_sd, (n_users, config.rank))
     item_factors = rng.normal(0.0, factor_sd, (n_items, config.rank))
     # Dense user x item arrays are float32 and temporaries are made per block of rows: at the
     # default size, allocating a fresh full-size array costs more than computing it.
-    signal = (user_factors @ item_factors.T).astype(np.float32)
-    signal += user_bias[:, None].astype(np.float32)
-    signal += item_bias[None, :].astype(np.float32)
+    signal = _signal(user_bias, user_factors, item_bias, item_factors)
 
     noise_sd = float(np.sqrt(config.noise_var))
     score = rng.standard_normal(signal.shape, dtype=np.float32)
     score *= noise_sd
     score += signal
     thresholds = _thresholds(score, _normalised(config.mcar_shares), rng)
-    truth = np.ones(signal.shape, dtype=np.int8)
-    for t in thresholds:
-        truth += score > t
+    truth = _cut(score, thresholds)
     oracle = _expected_rating(signal, thresholds, noise_sd)
 
-    absent = [level for level in range(1, len(config.mcar_shares) + 1) if not (truth == level).any()]
-    if absent:  # no propensity can select a level that no cell holds
-        raise ValueError(f"no simulated cell has rating {', '.join(map(str, absent))}: {n_users} x {n_items} cells "
-                         "are too few for the rating shares; simulate more users or items")
+    _check_levels(truth, config)
     n_rated = _ratings_per_user(config, rng)
     if n_rated.sum() == 0:
         raise ValueError("every simulated user drew 0 ratings: raise median_ratings_per_user and "
@@ -182,35 +207,55 @@ def simulate_ratings(config: SimulatorConfig | None = None) -> RatingsData:
         selection["selection_intercept"] = intercept
         del uniform
     del score, signal
+    params = {"user_bias": user_bias, "item_bias": item_bias, "user_factors": user_factors,
+              "item_factors": item_factors, "noise_sd": noise_sd, "thresholds": thresholds,
+              "ratings_per_user": n_rated, "popularity": popularity, "propensity": propensity, **selection}
+    return _assemble(config, rng, truth, train_mask, oracle, params)
 
+
+def _assemble(config: SimulatorConfig, rng: np.random.Generator, truth: np.ndarray, train_mask: np.ndarray,
+              oracle: np.ndarray, params: dict) -> RatingsData:
+    """The data set: the train cells of ``train_mask``, freshly drawn MCAR test cells, truth and meta."""
     test_rows, test_cols = _mcar_cells(config, rng)
     rows, cols = np.nonzero(train_mask)
-    shape = (n_users, n_items)
+    shape = truth.shape
     return RatingsData(
         name="synthetic",
         train=to_csr(rows, cols, truth[rows, cols], shape),
         test=to_csr(test_rows, test_cols, truth[test_rows, test_cols], shape),
         rating_scale=(1, len(config.mcar_shares)),
-        user_ids=np.arange(n_users),
-        item_ids=np.arange(n_items),
+        user_ids=np.arange(shape[0]),
+        item_ids=np.arange(shape[1]),
         truth=truth,
-        meta={
-            "oracle": oracle,
-            "config": asdict(config),
-            "params": {
-                "user_bias": user_bias,
-                "item_bias": item_bias,
-                "user_factors": user_factors,
-                "item_factors": item_factors,
-                "noise_sd": float(noise_sd),
-                "thresholds": thresholds,
-                "ratings_per_user": n_rated,
-                "popularity": popularity,
-                "propensity": propensity,
-                **selection,
-            },
-        },
+        meta={"oracle": oracle, "config": asdict(config), "params": params},
     )
+
+
+def _factor_sd(config: SimulatorConfig) -> float:
+    return (config.interaction_var / config.rank) ** 0.25  # var(<P_u, Q_i>) = rank * sd**4
+
+
+def _signal(user_bias: np.ndarray, user_factors: np.ndarray, item_bias: np.ndarray,
+            item_factors: np.ndarray) -> np.ndarray:
+    signal = (user_factors @ item_factors.T).astype(np.float32)
+    signal += user_bias[:, None].astype(np.float32)
+    signal += item_bias[None, :].astype(np.float32)
+    return signal
+
+
+def _cut(score: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
+    """Ratings 1 + #{k : score > t_k} as int8."""
+    truth = np.ones(score.shape, dtype=np.int8)
+    for t in thresholds:
+        truth += score > t
+    return truth
+
+
+def _check_levels(truth: np.ndarray, config: SimulatorConfig) -> None:
+    absent = [level for level in range(1, len(config.mcar_shares) + 1) if not (truth == level).any()]
+    if absent:  # no propensity can select a level that no cell holds
+        raise ValueError(f"no simulated cell has rating {', '.join(map(str, absent))}: {truth.shape[0]} x "
+                         f"{truth.shape[1]} cells are too few for the rating shares; simulate more users or items")
 
 
 def _normalised(shares: ArrayLike) -> np.ndarray:
@@ -343,6 +388,229 @@ def _race_winners(
         cut = np.sort(keys, axis=1)[np.arange(keys.shape[0]), np.maximum(counts - 1, 0)]
         mask[rows] = (keys <= cut[:, None]) & (counts > 0)[:, None]  # index -1 would take the largest key
     return mask
+
+
+def _simulate_with_logistic_selection(config: SimulatorConfig, rng: np.random.Generator) -> RatingsData:
+    """Users drawn in blocks, each cell rated by its own logistic draw; the first ``n_users`` users with at
+    least ``min_ratings_per_user`` ratings are kept, the others dropped (as Yahoo! R3 dropped light users).
+
+    The selection is solved on the first blocks, drawn until they hold about ``_SOLVE_KEPT`` users likely to
+    be kept (a rough solve on the first block tells which), so that the solve sees enough kept users even
+    when most are dropped; those blocks are then part of the data like the later ones.
+    """
+    item_bias = rng.normal(0.0, np.sqrt(config.item_bias_var), config.n_items)
+    item_factors = rng.normal(0.0, _factor_sd(config), (config.n_items, config.rank))
+    popularity = config.popularity_floor + np.exp(config.popularity_sigma * rng.standard_normal(config.n_items))
+    noise_sd = float(np.sqrt(config.noise_var))
+    blocks = [_draw_users(_SOLVE_USERS, config, rng, item_bias, item_factors, noise_sd)]
+    solver = _LogisticSolver(popularity, config)
+    solver.solve(blocks[0]["score"], blocks[0]["activity"], rounds=1)
+    keep_rate = _check_keep_rate(solver.keep.mean(), config)
+    likely = solver.keep.sum()
+    while likely < _SOLVE_KEPT:
+        wanted = int(np.ceil((_SOLVE_KEPT - likely) / keep_rate))
+        blocks.append(_draw_users(min(wanted, _MAX_BLOCK_USERS), config, rng, item_bias, item_factors, noise_sd))
+        likely += solver.keep_probability(blocks[-1]["score"], blocks[-1]["activity"]).sum()
+    score = np.concatenate([b["score"] for b in blocks])
+    activity = np.concatenate([b["activity"] for b in blocks])
+    relevant = np.flatnonzero(solver.keep_probability(score, activity) > _RELEVANT_KEEP)[:_SOLVE_MAX_USERS]
+    # the users left out would be kept with a negligible chance: they barely weigh on the kept users' statistics
+    solver.solve(score[relevant], activity[relevant], rounds=1 + _THRESHOLD_ROUNDS)
+    del score, activity  # the rough keep rate still sizes the later blocks: its error only changes their number
+    kept_blocks, n_kept, n_drawn = [], 0, 0
+    while True:
+        block = blocks.pop(0) if blocks else None
+        if block is None:
+            short = config.n_users - n_kept  # a margin of a few binomial sds, so that one more block is enough
+            wanted = int(np.ceil((short + 3 * np.sqrt(short) + 16) / keep_rate))
+            block = _draw_users(min(wanted, _MAX_BLOCK_USERS), config, rng, item_bias, item_factors, noise_sd)
+        truth = _cut(block.pop("score"), solver.thresholds)
+        mask = _logistic_mask(truth, block["activity"], popularity, solver.selection, rng)
+        kept = np.flatnonzero(mask.sum(axis=1) >= config.min_ratings_per_user)[:config.n_users - n_kept]
+        kept_blocks.append({**{name: values[kept] for name, values in block.items()}, "truth": truth[kept],
+                            "mask": mask[kept]})
+        n_kept, n_drawn = n_kept + len(kept), n_drawn + len(truth)
+        del truth, mask, block
+        if n_kept == config.n_users:
+            break
+    users = {name: np.concatenate([b[name] for b in kept_blocks]) for name in kept_blocks[0]}
+    del kept_blocks
+    _check_levels(users["truth"], config)
+    oracle = _expected_rating(users.pop("signal"), solver.thresholds, noise_sd)
+    selection = solver.selection
+    params = {"user_bias": users["user_bias"], "item_bias": item_bias, "user_factors": users["user_factors"],
+              "item_factors": item_factors, "noise_sd": noise_sd, "thresholds": solver.thresholds,
+              "popularity": popularity, "propensity": selection["propensity"],
+              "selection_intercept": selection["intercept"], "activity_sd": selection["activity_sd"],
+              "activity": selection["activity_sd"] * users["activity"], "users_drawn": n_drawn}
+    return _assemble(config, rng, users["truth"], users["mask"], oracle, params)
+
+
+def _check_keep_rate(keep_rate: float, config: SimulatorConfig) -> float:
+    if keep_rate < _MIN_KEEP_RATE:
+        raise ValueError(f"the logistic selection keeps {keep_rate:.2g} of the simulated users (at least "
+                         f"min_ratings_per_user = {config.min_ratings_per_user} ratings each): raise "
+                         "median_ratings_per_user and mean_ratings_per_user, or lower min_ratings_per_user")
+    return keep_rate
+
+
+def _draw_users(n: int, config: SimulatorConfig, rng: np.random.Generator, item_bias: np.ndarray,
+                item_factors: np.ndarray, noise_sd: float) -> dict[str, np.ndarray]:
+    """``n`` fresh users: biases, standard-normal activities, factors, noiseless signal and noisy score."""
+    user_bias = rng.normal(0.0, np.sqrt(config.user_bias_var), n)
+    rho = config.activity_bias_correlation
+    standardised_bias = user_bias / np.sqrt(config.user_bias_var) if config.user_bias_var > 0 else 0.0
+    activity = rho * standardised_bias + np.sqrt(1.0 - rho**2) * rng.standard_normal(n)  # standard normal
+    user_factors = rng.normal(0.0, _factor_sd(config), (n, config.rank))
+    signal = _signal(user_bias, user_factors, item_bias, item_factors)
+    score = rng.standard_normal(signal.shape, dtype=np.float32)
+    score *= noise_sd
+    score += signal
+    return {"user_bias": user_bias, "activity": activity, "user_factors": user_factors, "signal": signal,
+            "score": score}
+
+
+def _logistic_mask(truth: np.ndarray, activity: np.ndarray, popularity: np.ndarray, selection: dict,
+                   rng: np.random.Generator) -> np.ndarray:
+    """Pr(rated) = sigmoid(intercept + activity_sd * activity_u + log popularity_i + log propensity_r), per cell."""
+    by_rating = np.concatenate([[np.nan], np.log(selection["propensity"])]).astype(np.float32)
+    item_logit = (selection["intercept"] + np.log(popularity)).astype(np.float32)
+    user_logit = (selection["activity_sd"] * activity).astype(np.float32)
+    uniform = rng.random(truth.shape, dtype=np.float32)
+    mask = np.empty(truth.shape, dtype=bool)
+    for rows in _row_blocks(truth.shape[0]):
+        mask[rows] = uniform[rows] < expit(item_logit + user_logit[rows, None] + by_rating[truth[rows]])
+    return mask
+
+
+class _LogisticSolver:
+    """Thresholds and the logistic selection's parameters, solved on a sample of users.
+
+    The parameters (intercept, activity sd, per-level logits) are fitted by least squares so that the users
+    kept (at least ``min_ratings_per_user`` ratings) have the target median and mean count and train shares,
+    each user's count taken as a binomial with its expected count and variance. The thresholds are score
+    quantiles over the sample's cells, each user weighted by its chance to be kept, so that the kept
+    users' cells have the MCAR shares; the two are solved in turn.
+    """
+
+    def __init__(self, popularity: np.ndarray, config: SimulatorConfig):
+        self.config = config
+        log_popularity = np.log(popularity)
+        edges = np.linspace(log_popularity.min(), log_popularity.max(), _POPULARITY_BINS + 1)[1:-1]
+        self.item_bin = np.searchsorted(edges, log_popularity)
+        per_bin = np.maximum(np.bincount(self.item_bin, minlength=_POPULARITY_BINS), 1)
+        self.bin_logit = np.bincount(self.item_bin, log_popularity, _POPULARITY_BINS) / per_bin
+        self.theta, self.thresholds, self.keep = None, None, None
+
+    def counts(self, score: np.ndarray, activity: np.ndarray) -> _KeptCounts:
+        n_levels = len(self.config.mcar_shares)
+        truth = _cut(score, self.thresholds)
+        _check_levels(truth, self.config)
+        codes = (np.arange(len(score))[:, None] * _POPULARITY_BINS + self.item_bin) * n_levels + truth - 1
+        table = np.bincount(codes.ravel(), minlength=len(score) * _POPULARITY_BINS * n_levels).reshape(
+            len(score), _POPULARITY_BINS, n_levels).astype(np.float64)
+        return _KeptCounts(table, activity, self.bin_logit, self.config)
+
+    def solve(self, score: np.ndarray, activity: np.ndarray, rounds: int) -> None:
+        cumulative = np.cumsum(_normalised(self.config.mcar_shares))[:-1]
+        weights = np.ones(len(score)) if self.keep is None else self.keep_probability(score, activity)
+        for _ in range(rounds):
+            self.thresholds = _weighted_quantiles(score, weights, cumulative)
+            counts = self.counts(score, activity)
+            self.theta = counts.solve(self.theta)
+            weights = self.keep = counts.statistics(self.theta)["keep"]
+
+    def keep_probability(self, score: np.ndarray, activity: np.ndarray) -> np.ndarray:
+        return self.counts(score, activity).statistics(self.theta)["keep"]
+
+    @property
+    def selection(self) -> dict:
+        intercept, activity_sd, level_logit = _KeptCounts.unpack(self.theta)
+        shift = np.log(np.exp(level_logit).sum())  # normalise the propensity, keeping the logits
+        return {"intercept": float(intercept + shift), "activity_sd": float(activity_sd),
+                "propensity": np.exp(level_logit - shift)}
+
+
+class _KeptCounts:
+    """The kept users' count statistics as smooth functions of the logistic selection's parameters.
+
+    ``table[u, b, r]``: user u's items in popularity bin b with rating r. Parameters ``theta`` =
+    (intercept, log activity sd, logits of levels 1..K-1 relative to level K).
+    """
+
+    def __init__(self, table: np.ndarray, activity: np.ndarray, bin_logit: np.ndarray, config: SimulatorConfig):
+        self.table, self.activity, self.bin_logit = table, activity, bin_logit
+        self.minimum = config.min_ratings_per_user
+        self.median, self.mean = config.median_ratings_per_user, config.mean_ratings_per_user
+        self.train_shares = _normalised(config.train_shares)
+        self.mcar_shares = _normalised(config.mcar_shares)
+        self.counts = np.arange(min(int(3 * self.median) + 10, config.n_items) + 1)  # where the CDFs are evaluated
+        self.log_factorials = gammaln(self.counts + 1.0)
+
+    @staticmethod
+    def unpack(theta: np.ndarray) -> tuple[float, float, np.ndarray]:
+        return theta[0], float(np.exp(theta[1])), np.append(theta[2:], 0.0)
+
+    def statistics(self, theta: np.ndarray) -> dict:
+        intercept, activity_sd, level_logit = self.unpack(theta)
+        logits = (intercept + activity_sd * self.activity[:, None, None] + self.bin_logit[None, :, None]
+                  + level_logit[None, None, :])
+        chance = expit(logits)
+        by_level = np.einsum("ubr,ubr->ur", self.table, chance)  # expected counts per user and level
+        expected = np.maximum(by_level.sum(axis=1), 1e-300)  # > 0: a user's cells can all be near-certain misses
+        spread = np.einsum("ubr,ubr->u", self.table, chance * (1.0 - chance))  # the count's variance
+        # the count as a binomial of that mean and variance (a few near-certain cells make it narrower than a
+        # Poisson), in logs so that heavy users underflow to 0, not NaN
+        p = np.clip(1.0 - spread / expected, 1e-9, 1.0 - 1e-9)[:, None]
+        n = expected[:, None] / p
+        k = self.counts[None, :]
+        log_pmf = (gammaln(n + 1.0) - self.log_factorials - gammaln(np.maximum(n - k, 0.0) + 1.0)
+                   + k * np.log(p) + (n - k) * np.log1p(-p))
+        pmf = np.where(k <= n, np.exp(log_pmf), 0.0)
+        below = np.cumsum(pmf, axis=1)  # Pr(N <= n)
+        m = self.minimum
+        keep = 1.0 - below[:, m - 1] if m > 0 else np.ones_like(expected)
+        kept = keep.sum()
+        # E[N 1{N >= m}], shared out among the levels in proportion to their expected counts
+        kept_count = expected - (pmf[:, :m] * self.counts[:m]).sum(axis=1)
+        kept_by_level = (by_level * (kept_count / expected)[:, None]).sum(axis=0)
+        cdf = (below[:, m:] - (1.0 - keep)[:, None]).sum(axis=0) / kept  # of the kept users' counts
+        return {"keep": keep, "mean": kept_by_level.sum() / kept, "shares": kept_by_level / kept_by_level.sum(),
+                "median": _crossing(self.counts[m:], cdf)}
+
+    def residuals(self, theta: np.ndarray) -> np.ndarray:
+        stats = self.statistics(theta)
+        # the realised median is an integer: aim the CDF's crossing of 1/2 at the middle of its step
+        return np.concatenate([[(stats["mean"] - self.mean) / self.mean,
+                                (stats["median"] - (self.median - 0.5)) / self.median],
+                               np.log(np.maximum(stats["shares"], 1e-300) / self.train_shares)])
+
+    def solve(self, start: np.ndarray | None) -> np.ndarray:
+        if start is None:
+            level_logit = np.log(self.train_shares / self.mcar_shares)
+            level_logit -= level_logit[-1]
+            mass = (self.table * np.exp(self.bin_logit[None, :, None] + level_logit)).sum(axis=(1, 2)).mean()
+            start = np.concatenate([[np.log(self.mean / mass) - 0.5, 0.0], level_logit[:-1]])
+        return least_squares(self.residuals, start, method="lm", xtol=1e-8, ftol=1e-8).x
+
+
+def _crossing(grid: np.ndarray, cdf: np.ndarray) -> float:
+    """Where the CDF of counts (at the integers ``grid``, zero below them) crosses 1/2, linear in between."""
+    above = int(np.searchsorted(cdf, 0.5))
+    if above == len(grid):
+        return float(grid[-1]) + 0.5 - cdf[-1]  # beyond the grid: still increasing, for the solver
+    below = cdf[above - 1] if above > 0 else 0.0
+    return float(grid[above] - 1 + (0.5 - below) / (cdf[above] - below))
+
+
+def _weighted_quantiles(score: np.ndarray, user_weights: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    """Quantiles of the cells' scores, each cell weighted by its user's weight, from a fine histogram."""
+    lo, hi = float(score.min()), float(score.max())
+    step = max(hi - lo, 1e-6) / _QUANTILE_BINS
+    cells = np.minimum(((score - lo) / step).astype(np.intp), _QUANTILE_BINS - 1)
+    mass = np.bincount(cells.ravel(), np.broadcast_to(user_weights[:, None], score.shape).ravel(), _QUANTILE_BINS)
+    cumulative = np.concatenate([[0.0], np.cumsum(mass)]) / mass.sum()
+    return lo + step * np.interp(levels, cumulative, np.arange(_QUANTILE_BINS + 1))
 
 
 def _mcar_cells(config: SimulatorConfig, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:

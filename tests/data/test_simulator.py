@@ -159,3 +159,66 @@ def test_invalid_config():
         SimulatorConfig(popularity_floor=-1.0)
     with pytest.raises(ValueError, match="noise_var must be > 0, got 0"):
         SimulatorConfig(noise_var=0)
+    with pytest.raises(ValueError, match=r"selection='logistic' needs n_items >= 20 x mean_ratings_per_user \(404\), "
+                                         "got 200"):
+        SimulatorConfig(n_items=200, selection="logistic")
+    with pytest.raises(ValueError, match=r"activity_bias_correlation must lie in \(-1, 1\), got 1.0"):
+        SimulatorConfig(activity_bias_correlation=1.0)
+
+
+LOGISTIC = {"n_users": 1_500, "n_items": 1_000, "n_test_users": 500, "selection": "logistic"}
+
+
+@pytest.fixture(scope="module")
+def logistic_data():
+    """The logistic selection at Yahoo! R3's density (1,000 items, about 2% rated), with fewer users."""
+    return simulate_ratings(SimulatorConfig(**LOGISTIC, seed=1))
+
+
+def test_logistic_selection_keeps_yahoos_shares(logistic_data):
+    np.testing.assert_allclose(shares(logistic_data.train.data), YAHOO_TRAIN_SHARES, atol=0.02)
+    # dropping light users favours users with high ratings; the thresholds are placed so that the kept users'
+    # cells, and so their MCAR test ratings, still have Yahoo's MCAR shares
+    np.testing.assert_allclose(shares(logistic_data.truth.ravel()), YAHOO_MCAR_SHARES, atol=0.02)
+    np.testing.assert_allclose(shares(logistic_data.test.data), YAHOO_MCAR_SHARES, atol=0.03)
+    assert logistic_data.train.data.mean() == pytest.approx(2.89, abs=0.1)
+
+
+def test_logistic_selection_keeps_yahoos_counts(logistic_data):
+    per_user = np.diff(logistic_data.train.indptr)
+    assert per_user.min() == 10 and 14 <= np.median(per_user) <= 16  # light users dropped, as Yahoo! R3's were
+    assert per_user.mean() == pytest.approx(20.2, abs=1.0) and per_user.max() >= 100
+    assert logistic_data.train.nnz / np.prod(logistic_data.train.shape) == pytest.approx(0.02, abs=0.002)
+    per_item = np.bincount(logistic_data.train.indices, minlength=1_000)
+    assert per_item.max() > 10 * np.median(per_item)  # skewed by popularity
+    params = logistic_data.meta["params"]
+    assert params["users_drawn"] > 2 * 1_500 and params["activity"].shape == (1_500,)
+    # Yahoo's shares rate a 1 a little more often than a 2 (0.314 / 0.526 against 0.127 / 0.242), then rising
+    assert params["activity_sd"] > 0.3 and np.all(np.diff(params["propensity"][1:]) > 0)
+    test_users = np.diff(logistic_data.test.indptr)
+    assert np.all(test_users[:500] == 10) and np.all(test_users[500:] == 0)
+
+
+def test_logistic_selection_is_consistent_with_its_truth_and_oracle(logistic_data):
+    rows, cols = logistic_data.train.nonzero()
+    np.testing.assert_array_equal(logistic_data.truth[rows, cols], logistic_data.train[rows, cols].A1)
+    params = logistic_data.meta["params"]
+    signal = (params["user_factors"][:50] @ params["item_factors"].T + params["user_bias"][:50, None]
+              + params["item_bias"][None, :])
+    exact = 1 + ndtr((signal[..., None] - params["thresholds"]) / params["noise_sd"]).sum(axis=-1)
+    np.testing.assert_allclose(logistic_data.meta["oracle"][:50], exact, atol=1e-4)
+    # the kept users' activity is the upper part of its normal distribution: they rate more than average;
+    # and it goes with the rating bias (activity_bias_correlation 0.6 in the pool; 0.16 measured among the kept,
+    # whose activity the dropping narrows)
+    assert params["activity"].mean() > 0.3 * params["activity_sd"]
+    assert np.corrcoef(params["activity"], params["user_bias"])[0, 1] > 0.08
+
+
+def test_logistic_selection_is_reproducible(logistic_data):
+    again = simulate_ratings(SimulatorConfig(**LOGISTIC, seed=1))
+    assert (again.train != logistic_data.train).nnz == 0 and (again.test != logistic_data.test).nnz == 0
+    np.testing.assert_array_equal(again.truth, logistic_data.truth)
+    assert again.meta["params"]["users_drawn"] == logistic_data.meta["params"]["users_drawn"]
+    other = simulate_ratings(SimulatorConfig(**{**LOGISTIC, "n_users": 100, "n_items": 500, "n_test_users": 10},
+                                             seed=2))
+    assert not np.allclose(other.meta["params"]["user_bias"], logistic_data.meta["params"]["user_bias"][:100])
