@@ -6,7 +6,8 @@ import numpy as np
 import scipy.sparse as sp
 
 
-def ridge_rows(weights: sp.csr_matrix, targets: sp.csr_matrix, feats: np.ndarray, reg: np.ndarray | float) -> np.ndarray:
+def ridge_rows(weights: sp.csr_matrix, targets: sp.csr_matrix, feats: np.ndarray,
+               reg: np.ndarray | float) -> np.ndarray:
     """Solve, for every row r at once, (sum_j w_rj f_j f_j^T + reg_r I) x_r = sum_j w_rj t_rj f_j.
 
     ``weights`` and ``targets`` share one sparsity pattern (j runs over row r's stored entries);

@@ -14,7 +14,8 @@ class ConstantPredictor:
     ``fit`` only records the matrix shape so ``predict`` can reject out-of-range indices.
     """
 
-    def __init__(self, value: float = 2.0, rating_scale: tuple[float, float] | None = (1.0, 5.0), name: str | None = None) -> None:
+    def __init__(self, value: float = 2.0, rating_scale: tuple[float, float] | None = (1.0, 5.0),
+                 name: str | None = None) -> None:
         self.value = float(value)
         self.rating_scale = rating_scale
         self.name = name or f"constant-{self.value:g}"

@@ -97,7 +97,8 @@ class DoublyRobustMF(IPSMatrixFactorization):
 
     def fit_prediction(self, train: sp.csr_matrix, imputation: MatrixFactorization, cell_weight: np.ndarray) -> None:
         """Fit r̂ to sum_all (r̂ - t)^2 + penalty, t = r̃ + o w (r - r̃), by ``config.n_iters`` ALS sweeps from
-        random item factors (``config.init_std``, ``config.seed``): ``train`` checked CSR, ``cell_weight`` w aligned with its ratings."""
+        random item factors (``config.init_std``, ``config.seed``): ``train`` checked CSR, ``cell_weight`` w aligned
+        with its ratings."""
         n_users, n_items = train.shape
         rows = np.repeat(np.arange(n_users), np.diff(train.indptr))
         correction = sp.csr_matrix((cell_weight * (train.data - imputation.predict_unclipped(rows, train.indices)),

@@ -269,8 +269,8 @@ class DoublyRobustJointMF:
         train = check_ratings(train)
         check_on_scale(train, cfg.rating_scale)  # before the propensity model, the slow part
         self.train_propensities = self._estimate_propensities(train, mcar_sample)
-        start = MatrixFactorization(MFConfig(n_factors=self._imputation_factors(), l2=cfg.init_l2, n_iters=cfg.init_iters,
-                                             rating_scale=None, seed=cfg.seed))
+        start = MatrixFactorization(MFConfig(n_factors=self._imputation_factors(), l2=cfg.init_l2,
+                                             n_iters=cfg.init_iters, rating_scale=None, seed=cfg.seed))
         start.fit(train, sample_weight=1.0 / self.train_propensities if cfg.weighted_start else None)
         generator = torch.Generator().manual_seed(cfg.seed)
         self.prediction = self._prediction_model(start, generator)

@@ -29,7 +29,8 @@ from baselines.propensities import (
 from baselines.selection import split_entries
 
 
-def split_mcar_sample(test: sp.csr_matrix, fraction: float = 0.05, seed: int = 0) -> tuple[sp.csr_matrix, sp.csr_matrix]:
+def split_mcar_sample(test: sp.csr_matrix, fraction: float = 0.05,
+                      seed: int = 0) -> tuple[sp.csr_matrix, sp.csr_matrix]:
     """Split the MCAR test ratings uniformly at random into (sample, rest), both of the test's shape.
 
     ``sample`` holds round(fraction * nnz) ratings (at least 1) for estimating P(Y=r); ``rest`` is what

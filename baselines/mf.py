@@ -22,7 +22,6 @@ from baselines._als import ridge_rows
 from baselines._checks import check_fitted, check_on_scale, check_pairs, check_ratings, check_sample_weight
 from mnar_recsys.checks import check_positive_finite, check_positive_integer
 
-
 # the grid MFConfig's defaults were chosen on, and which `baselines.registry.tune_baseline` searches
 MF_GRID: tuple[dict[str, float], ...] = tuple({"n_factors": n, "l2": l2} for n in (5, 10, 20)
                                               for l2 in (0.1, 0.2, 0.3, 0.5, 1.0, 3.0, 10.0))
@@ -106,9 +105,11 @@ class MatrixFactorization:
 
         for _ in range(cfg.n_iters):
             # User side: unknowns [p_u, b_u] against item features [q_i, 1].
-            x = ridge_rows(weights, targets(coo.data - mu - bi[coo.col], False), np.hstack([q, np.ones((n_items, 1))]), reg_u)
+            x = ridge_rows(weights, targets(coo.data - mu - bi[coo.col], False),
+                           np.hstack([q, np.ones((n_items, 1))]), reg_u)
             p, bu = x[:, :-1], x[:, -1]
-            y = ridge_rows(weights_t, targets(coo.data - mu - bu[coo.row], True), np.hstack([p, np.ones((n_users, 1))]), reg_i)
+            y = ridge_rows(weights_t, targets(coo.data - mu - bu[coo.row], True),
+                           np.hstack([p, np.ones((n_users, 1))]), reg_i)
             q, bi = y[:, :-1], y[:, -1]
 
         self.global_mean, self.user_bias, self.item_bias = mu, bu, bi

@@ -394,7 +394,10 @@ class MFMNAR:
 
     def _export(self, tensors: _Tensors) -> MFMNARParameters:
         p = {k: t.detach() for k, t in tensors.p.items()}
-        as_np = lambda t: t.double().numpy().copy()
+
+        def as_np(t: torch.Tensor) -> np.ndarray:
+            return t.double().numpy().copy()
+
         return MFMNARParameters(
             user_factors=as_np(p["u"]), item_factors=as_np(p["v"]), user_bias=as_np(p["b"]),
             item_bias=as_np(p["c"]), thresholds=as_np(_Tensors(p).thresholds()),

@@ -23,7 +23,7 @@ from typing import Callable, Literal
 
 import numpy as np
 import scipy.sparse as sp
-from scipy.special import logsumexp, logit
+from scipy.special import logit, logsumexp
 from sklearn.exceptions import ConvergenceWarning
 
 from baselines._checks import check_fitted, check_on_scale, check_pairs, check_ratings

@@ -21,7 +21,6 @@ from baselines._als import ridge_rows
 from baselines._checks import check_fitted, check_on_scale, check_pairs, check_ratings
 from mnar_recsys.checks import check_positive_finite, check_positive_integer
 
-
 # the grid PMFConfig's defaults were chosen on, and which `baselines.registry.tune_baseline` searches
 PMF_GRID: tuple[dict[str, float], ...] = tuple({"n_factors": n, "lambda_u": lam, "lambda_v": lam} for n in (5, 10, 20)
                                                for lam in (1.0, 3.0, 5.0, 10.0, 20.0, 40.0))

@@ -37,11 +37,13 @@ import torch.nn.functional as F
 from isolation import isolated, peak_rss_mib  # bench/, on the path when this script runs
 from mnar_recsys.data.rows import as_rows
 from mnar_recsys.inference.importance import DEFAULT_CHUNK_ENTRIES, ImportanceConfig, impute
-from mnar_recsys.models.config import ModelConfig, build_model
 from mnar_recsys.models import quadrature
-from mnar_recsys.models.quadrature import (log_expected_sigmoid_categorical,
-                                           masked_log_expected_sigmoid_categorical_sum,
-                                           masked_log_expected_sigmoid_sum)
+from mnar_recsys.models.config import ModelConfig, build_model
+from mnar_recsys.models.quadrature import (
+    log_expected_sigmoid_categorical,
+    masked_log_expected_sigmoid_categorical_sum,
+    masked_log_expected_sigmoid_sum,
+)
 from mnar_recsys.training.trainer import TrainConfig, fit
 
 USERS, ITEMS, PER_ROW, TEST_USERS, TEST_ITEMS = 15_400, 1_000, 20, 5_400, 10
@@ -250,7 +252,8 @@ def main() -> None:
     for n_items in (1_000, 10_000):
         r = isolated(sparse_vs_dense, n_items)
         print(f"{n_items:6d} items, {PER_ROW} observed per row: set encoder sparse {r['encoder_sparse'] * 1e3:.2f} ms "
-              f"vs dense {r['encoder_dense'] * 1e3:.2f} ms (dense/sparse {r['encoder_dense'] / r['encoder_sparse']:.1f}x); "
+              f"vs dense {r['encoder_dense'] * 1e3:.2f} ms "
+              f"(dense/sparse {r['encoder_dense'] / r['encoder_sparse']:.1f}x); "
               f"training step from CSR {r['step_csr'] * 1e3:.1f} ms vs dense NaN rows {r['step_dense'] * 1e3:.1f} ms "
               f"(ratio {r['step_dense'] / r['step_csr']:.2f})")
 

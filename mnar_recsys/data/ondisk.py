@@ -26,8 +26,17 @@ from mnar_recsys.evaluation.reports import atomic_directory
 
 from .files import utf8_errors_named
 from .rows import RowBatch, RowSource, _check_csr, batch_from_csr
-from .triples import (Triples, _id_keys, _parse_ids, _parse_ratings, _show, check_rating_scale, file_layout,
-                      no_ratings_error, split_lines)
+from .triples import (
+    Triples,
+    _id_keys,
+    _parse_ids,
+    _parse_ratings,
+    _show,
+    check_rating_scale,
+    file_layout,
+    no_ratings_error,
+    split_lines,
+)
 
 FORMAT = "mnar-recsys-csr"
 VERSION = 1

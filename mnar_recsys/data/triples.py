@@ -74,7 +74,8 @@ def read_triples(
     non-integer or off-scale rating, a missing or (with ``integer_ids``) non-integer id, or a repeated
     (user, item) pair.
     """
-    raw = _frame_triples(source, label) if isinstance(source, pd.DataFrame) else _file_triples(Path(source), sep, header)
+    raw = (_frame_triples(source, label) if isinstance(source, pd.DataFrame)
+           else _file_triples(Path(source), sep, header))
     if not len(raw.ratings):
         raise no_ratings_error(raw.source, raw.unit)
     users = _parse_ids(raw, raw.users, "user", integer_ids)
@@ -216,7 +217,9 @@ def _frame_triples(frame: pd.DataFrame, label: str) -> Triples:
     if all(c in frame.columns for c in COLUMNS):
         frame = frame[list(COLUMNS)]
     elif frame.shape[1] != len(COLUMNS):
-        raise ValueError(f"{label}: expected columns user, item, rating (or exactly three columns), got {list(frame.columns)}")
+        raise ValueError(
+            f"{label}: expected columns user, item, rating (or exactly three columns), got {list(frame.columns)}"
+        )
     users, items, ratings = (frame.iloc[:, c].to_numpy() for c in range(len(COLUMNS)))
     return Triples(label, users, items, ratings, np.arange(1, len(frame) + 1), "row")
 
@@ -309,7 +312,8 @@ def _check_unique_pairs(t: Triples) -> None:
         k = dup[0]
         first = np.flatnonzero(keys == keys[k])[0]
         raise t.error(
-            k, f"duplicate (user, item) pair ({_show(t.users[k])}, {_show(t.items[k])}); first given on {t.unit} {t.lines[first]}"
+            k, f"duplicate (user, item) pair ({_show(t.users[k])}, {_show(t.items[k])}); "
+            f"first given on {t.unit} {t.lines[first]}"
         )
 
 

@@ -16,9 +16,13 @@ from mnar_recsys.models.bound import BoundTerms, importance_weighted_bound
 from mnar_recsys.models.decoders import CategoricalDecoder, GaussianDecoder, ObservationModel, Params
 from mnar_recsys.models.gather import sum_by_row, take
 from mnar_recsys.models.missing import LevelwiseLogistic, MissingModel, RowOffset, bernoulli_log_prob
-from mnar_recsys.models.quadrature import (log_expected_sigmoid, log_expected_sigmoid_categorical,
-                                           log_expected_sigmoid_piecewise, masked_log_expected_sigmoid_categorical_sum,
-                                           masked_log_expected_sigmoid_sum)
+from mnar_recsys.models.quadrature import (
+    log_expected_sigmoid,
+    log_expected_sigmoid_categorical,
+    log_expected_sigmoid_piecewise,
+    masked_log_expected_sigmoid_categorical_sum,
+    masked_log_expected_sigmoid_sum,
+)
 from mnar_recsys.models.unobserved import UnobservedDraw, draw_unobserved
 
 MISSING_FACTORS = ("sampled", "integrated")

@@ -20,8 +20,14 @@ from mnar_recsys.estimators.imputer import NotMIWAEImputer
 from mnar_recsys.evaluation.metrics import imputation_rmse
 from mnar_recsys.inference.importance import ImportanceConfig, impute
 from mnar_recsys.models.config import ModelConfig, build_model
-from mnar_recsys.pipelines.arguments import (TORCH_MAX_SEED, add_config_options, check_counts, check_seeds,
-                                             config_from_options, option)
+from mnar_recsys.pipelines.arguments import (
+    TORCH_MAX_SEED,
+    add_config_options,
+    check_counts,
+    check_seeds,
+    config_from_options,
+    option,
+)
 from mnar_recsys.training.trainer import TrainConfig, fit
 
 

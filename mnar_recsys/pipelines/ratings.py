@@ -24,22 +24,44 @@ import torch
 from baselines.base import Recommender, settings_of
 from baselines.registry import BASELINES, GRIDS, SPECS, make_baseline, tune_baseline
 from mnar_recsys.checks import check_positive_finite
-from mnar_recsys.data import (RatingsData, SimulatorConfig, load_coat, load_coat_propensities, load_yahoo_r3,
-                              simulate_ratings)
+from mnar_recsys.data import (
+    RatingsData,
+    SimulatorConfig,
+    load_coat,
+    load_coat_propensities,
+    load_yahoo_r3,
+    simulate_ratings,
+)
 from mnar_recsys.data.coat import PROPENSITIES
 from mnar_recsys.data.files import sha256_of
 from mnar_recsys.data.simulator import SELECTIONS
 from mnar_recsys.devices import resolve_device
-from mnar_recsys.estimators.recommender import (PUBLISHED, VARIANTS, NotMIWAERecommender, OracleRecommender,
-                                               make_recommender)
+from mnar_recsys.estimators.recommender import (
+    PUBLISHED,
+    VARIANTS,
+    NotMIWAERecommender,
+    OracleRecommender,
+    make_recommender,
+)
 from mnar_recsys.evaluation import plots
 from mnar_recsys.evaluation.metrics import mae, mse
 from mnar_recsys.evaluation.protocol import MCAR_SAMPLE_FRACTION, MCARSplit, fit_and_score, mcar_split
-from mnar_recsys.evaluation.reports import (markdown_table, provenance, remove_previous, summarise, write_atomic,
-                                           write_json)
+from mnar_recsys.evaluation.reports import (
+    markdown_table,
+    provenance,
+    remove_previous,
+    summarise,
+    write_atomic,
+    write_json,
+)
 from mnar_recsys.inference.importance import ImportanceConfig
-from mnar_recsys.pipelines.arguments import (check_counts, check_device_option, check_no_repeats, check_output_folder,
-                                             check_seeds)
+from mnar_recsys.pipelines.arguments import (
+    check_counts,
+    check_device_option,
+    check_no_repeats,
+    check_output_folder,
+    check_seeds,
+)
 from mnar_recsys.pipelines.output_lock import holds_output
 from mnar_recsys.pipelines.workers import run_tasks, threads_per_run
 from mnar_recsys.training import distributed
@@ -129,7 +151,8 @@ class RatingsRun:
             raise ValueError(f"--tune-baselines tunes {', '.join(GRIDS)}: add one of them to --models")
         if self.unobserved_samples is not None and self.unobserved_samples < 1:
             raise ValueError(f"--unobserved-samples must be at least 1, got {self.unobserved_samples}")
-        check_counts(self, dict.fromkeys(("iterations", "batch_size", "importance_samples", "users", "items", "jobs"), 1))
+        check_counts(self, dict.fromkeys(("iterations", "batch_size", "importance_samples",
+                                          "users", "items", "jobs"), 1))
         check_device_option(self.device)
         if self.test_users is not None and not 1 <= self.test_users <= self.users:
             raise ValueError(f"--test-users must lie in 1..{self.users} (--users), got {self.test_users}")
@@ -522,8 +545,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="torch CPU threads (default: torch's choice; 1 is fastest on a busy machine)")
     parser.add_argument("--tune-baselines", action="store_true",
                         help=f"choose the hyper-parameters of {', '.join(GRIDS)} for each seed on 10%% "
-                             "of its train ratings held out (IPS-weighted for the models trained with propensities), never on the "
-                             "scored MCAR ratings (default: keep those chosen on Coat's train ratings)")
+                             "of its train ratings held out (IPS-weighted for the models trained with propensities), "
+                             "never on the scored MCAR ratings (default: keep those chosen on Coat's train ratings)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars or per-model lines")
     parser.set_defaults(run=_run)
 

@@ -22,19 +22,32 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 
 from mnar_recsys.checks import check_positive_finite
-from mnar_recsys.devices import resolve_device
-from mnar_recsys.pipelines.arguments import (TORCH_MAX_SEED, add_config_options, check_counts, check_device_option,
-                                                check_output_folder, check_seeds,
-                                                config_from_options, option)
 from mnar_recsys.data.amputation import apply_mask
 from mnar_recsys.data.svhn import B, W, clipping_mask, digits_stand_in, load_svhn
+from mnar_recsys.devices import resolve_device
 from mnar_recsys.evaluation.metrics import imputation_rmse
-from mnar_recsys.evaluation.reports import (markdown_table, provenance, remove_previous, save_figure, write_atomic,
-                                            write_json)
+from mnar_recsys.evaluation.reports import (
+    markdown_table,
+    provenance,
+    remove_previous,
+    save_figure,
+    write_atomic,
+    write_json,
+)
 from mnar_recsys.inference.importance import ImportanceConfig, impute, log_likelihood
 from mnar_recsys.models.config import ModelConfig, build_model
 from mnar_recsys.models.missing import MCAR
 from mnar_recsys.models.notmiwae import NotMIWAE
+from mnar_recsys.pipelines.arguments import (
+    TORCH_MAX_SEED,
+    add_config_options,
+    check_counts,
+    check_device_option,
+    check_output_folder,
+    check_seeds,
+    config_from_options,
+    option,
+)
 from mnar_recsys.pipelines.output_lock import holds_output
 from mnar_recsys.training.trainer import TrainConfig, fit
 

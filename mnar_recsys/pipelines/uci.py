@@ -19,18 +19,31 @@ import numpy as np
 from sklearn.base import BaseEstimator
 
 from baselines.dense_imputers import DENSE_IMPUTERS, make_dense_imputer
-from mnar_recsys.devices import resolve_device
-from mnar_recsys.pipelines.arguments import (add_config_options, check_counts, check_device_option,
-                                                check_no_repeats, check_output_folder, check_seeds,
-                                                config_from_options, option)
 from mnar_recsys.data.amputation import apply_mask, paper_self_masking, standardize
 from mnar_recsys.data.uci import UCI_DATASETS, UCI_NAMES, load_uci, paper_dataset
+from mnar_recsys.devices import resolve_device
 from mnar_recsys.estimators.imputer import NotMIWAEImputer
 from mnar_recsys.evaluation import plots
 from mnar_recsys.evaluation.metrics import imputation_rmse
-from mnar_recsys.evaluation.reports import (markdown_table, provenance, remove_previous, summarise, write_atomic,
-                                           write_json)
+from mnar_recsys.evaluation.reports import (
+    markdown_table,
+    provenance,
+    remove_previous,
+    summarise,
+    write_atomic,
+    write_json,
+)
 from mnar_recsys.inference.importance import SAMPLED_IMPUTATIONS, check_sampled_imputation
+from mnar_recsys.pipelines.arguments import (
+    add_config_options,
+    check_counts,
+    check_device_option,
+    check_no_repeats,
+    check_output_folder,
+    check_seeds,
+    config_from_options,
+    option,
+)
 from mnar_recsys.pipelines.output_lock import holds_output
 from mnar_recsys.pipelines.workers import run_tasks, threads_per_run
 

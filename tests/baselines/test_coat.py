@@ -15,7 +15,8 @@ from mnar_recsys.data import load_coat_propensities
 from mnar_recsys.evaluation.metrics import mse
 
 # The shared copy sits beside the project root; MNAR_RECSYS_COAT_DIR overrides it (e.g. in a worktree).
-COAT = Path(os.environ.get("MNAR_RECSYS_COAT_DIR", Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "coat"))
+COAT = Path(os.environ.get("MNAR_RECSYS_COAT_DIR",
+                          Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "coat"))
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,8 @@ from mnar_recsys.evaluation.metrics import mse
 def test_true_propensities_undo_selection_bias(mnar_data):
     u, i, y = mnar_data.all_cells()
     naive = MatrixFactorization().fit(mnar_data.train).predict(u, i)
-    ips = MatrixFactorization().fit(mnar_data.train, sample_weight=1 / mnar_data.true_propensities_of_train()).predict(u, i)
+    ips = (MatrixFactorization().fit(mnar_data.train, sample_weight=1 / mnar_data.true_propensities_of_train())
+           .predict(u, i))
     # Self-selection of high ratings makes naive MF over-predict; IPS removes most of that.
     assert naive.mean() > y.mean() + 0.5
     assert abs(ips.mean() - y.mean()) < 0.5 * (naive.mean() - y.mean())

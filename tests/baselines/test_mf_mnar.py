@@ -42,7 +42,10 @@ def own_process():
     train = sp.csr_matrix(np.where(observed, ratings, 0.0))
     users, items = np.nonzero(~observed)
     # priors matching the generating scales: u, v ~ N(0, 1) is precision 1 = 2 * l2
-    fit = lambda **kw: MFMNAR(rank=2, mask_rank=1, l2=0.5, l2_mask=2.0, n_iters=300, **kw).fit(train)
+
+    def fit(**kw) -> MFMNAR:
+        return MFMNAR(rank=2, mask_rank=1, l2=0.5, l2_mask=2.0, n_iters=300, **kw).fit(train)
+
     return train, users, items, ratings[~observed], fit(), fit(mnar=False)
 
 

@@ -150,7 +150,8 @@ def test_tuning_refuses_what_it_cannot_tune(mnar_data):
     one = mnar_data.train[:1].tocsr()
     one.data[1:], one.data[:1] = 0, one.data[:1]
     one.eliminate_zeros()
-    with pytest.raises(ValueError, match="holds out some train ratings and fits the rest: train has 1, it needs at least 2"):
+    with pytest.raises(ValueError, match="holds out some train ratings and fits the rest: train has 1, it needs "
+                                         "at least 2"):
         tune_baseline("mf", one)
     with pytest.raises(ValueError, match="train has 1, it needs at least 2"):
         tune_baseline("mf-ips-mask", one)  # its mask model's split comes first

@@ -116,7 +116,8 @@ def test_bad_value(tmp_path, value):
     train = train.astype(object)
     train[9, 4] = value
     write_coat(tmp_path, train, test)
-    with pytest.raises(ValueError, match=rf"train\.ascii, line 10, column 5: expected 0 \(not rated\) or an integer rating 1\.\.5, found '{value}'"):
+    with pytest.raises(ValueError, match=r"train\.ascii, line 10, column 5: expected 0 \(not rated\) or an integer "
+                                         rf"rating 1\.\.5, found '{value}'"):
         load_quietly(tmp_path)
 
 
@@ -133,7 +134,8 @@ def test_users_and_items_rated_in_test_but_not_in_train(tmp_path):
     test[5, 41] = 2
     train[:, 41] = 0
     write_coat(tmp_path, train, test)
-    with pytest.raises(ValueError, match=r"test\.ascii, column 42: this item has test ratings but none in train\.ascii"):
+    with pytest.raises(ValueError, match=r"test\.ascii, column 42: this item has test ratings but none in "
+                                         r"train\.ascii"):
         load_quietly(tmp_path)
     train[:, 41] = 0
     test[:, 41] = 0  # unrated in both: a column like any other

@@ -106,7 +106,8 @@ def test_rating_off_scale(tmp_path):
 
 def test_duplicate_pair(tmp_path):
     train = write(tmp_path / "train.csv", "a,x,1\nb,x,2\na,x,3\n")
-    with pytest.raises(ValueError, match=r"train\.csv, line 3: duplicate \(user, item\) pair \('a', 'x'\); first given on line 1"):
+    with pytest.raises(ValueError, match=r"train\.csv, line 3: duplicate \(user, item\) pair \('a', 'x'\); "
+                                         r"first given on line 1"):
         load_triples(train, train)
 
 

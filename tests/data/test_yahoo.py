@@ -126,7 +126,8 @@ def test_rating_off_scale(tmp_path, rating):
 
 
 def test_duplicate_pair(tmp_path):
-    with pytest.raises(ValueError, match=rf"{TRAIN_FILE}, line 3: duplicate \(user, item\) pair \(1, 3\); first given on line 2"):
+    with pytest.raises(ValueError, match=rf"{TRAIN_FILE}, line 3: duplicate \(user, item\) pair \(1, 3\); "
+                                         r"first given on line 2"):
         load_bad_train(tmp_path, "1\t3\t2")
 
 
@@ -163,7 +164,8 @@ def test_test_song_unknown_to_train(tmp_path):
 
 def test_test_ids_within_the_range_but_without_train_ratings(tmp_path):
     """Train rates songs 1, 2, 3, 5, 6 and users 1..4: song 4 and, once its one rating goes, user 3 are unknown."""
-    with pytest.raises(ValueError, match=rf"{TEST_FILE}, line 2: song id 4 is unknown to the train data \(no rating in"):
+    with pytest.raises(ValueError, match=rf"{TEST_FILE}, line 2: song id 4 is unknown to the train data "
+                                         r"\(no rating in"):
         load_quietly(write_yahoo(tmp_path, test=[(1, 2, 1), (2, 4, 3)]))
     train = [row for row in TRAIN if row[0] != 3] + [(5, 6, 1)]
     with pytest.raises(ValueError, match=rf"{TEST_FILE}, line 1: user id 3 is unknown to the train data"):

@@ -203,7 +203,8 @@ def test_bad_input(self_masked):
         NotMIWAEImputer(**{**TINY, "hidden": 0}).fit(Xm)
     with pytest.raises(ValueError, match="latent_dim must be a positive integer, got 2.5"):
         NotMIWAEImputer(**{**TINY, "latent_dim": 2.5}).fit(Xm)
-    with pytest.raises(ValueError, match="n_samples must be a positive integer, got 0"):  # before training, not in transform
+    # before training, not in transform
+    with pytest.raises(ValueError, match="n_samples must be a positive integer, got 0"):
         NotMIWAEImputer(**{**TINY, "importance_samples": 0}).fit(Xm)
     fitted = NotMIWAEImputer(**TINY).fit(Xm)
     with pytest.raises(ValueError, match="X has 5 features"):

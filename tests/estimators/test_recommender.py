@@ -71,7 +71,8 @@ def test_variants_set_the_paper_choices():
     assert model_config("miwae-categorical").missing == "mcar"
     assert model_config("notmiwae-gaussian-sampled").missing_factor == "sampled"
     levelwise = model_config("notmiwae-categorical-levelwise")
-    assert (levelwise.decoder, levelwise.missing, levelwise.missing_factor) == ("categorical", "levelwise", "integrated")
+    assert ((levelwise.decoder, levelwise.missing, levelwise.missing_factor)
+            == ("categorical", "levelwise", "integrated"))
     assert model_config("notmiwae-gaussian-levelwise").missing == "levelwise"
     assert not levelwise.row_offset
     activity = model_config("notmiwae-categorical-levelwise-activity")

@@ -430,7 +430,8 @@ def test_no_rows_impute_to_nothing_and_mask_accuracy_checks_the_width():
     complete = np.random.default_rng(0).standard_normal((4, N_FEATURES))
     assert 0 <= mask_accuracy(model, complete, complete > 0) <= 1
     for width in (3, 6):
-        with pytest.raises(ValueError, match=rf"rows of the model's 5 features, at least one, got shape \(4, {width}\)"):
+        with pytest.raises(ValueError, match=r"rows of the model's 5 features, at least one, "
+                                             rf"got shape \(4, {width}\)"):
             mask_accuracy(model, complete[:, :1].repeat(width, 1), np.ones((4, width)))
     with pytest.raises(ValueError, match="at least one"):
         mask_accuracy(model, complete[:0], complete[:0] > 0)

@@ -9,8 +9,13 @@ import torch
 from mnar_recsys.data.rows import as_rows
 from mnar_recsys.inference.importance import ImportanceConfig, impute
 from mnar_recsys.models.config import ModelConfig, build_model
-from mnar_recsys.models.decoders import (BernoulliDecoder, CategoricalDecoder, ConvMeanNet, GaussianDecoder,
-                                     StudentTDecoder)
+from mnar_recsys.models.decoders import (
+    BernoulliDecoder,
+    CategoricalDecoder,
+    ConvMeanNet,
+    GaussianDecoder,
+    StudentTDecoder,
+)
 from mnar_recsys.training.seeds import seeded
 from mnar_recsys.training.trainer import TrainConfig, fit
 

@@ -11,10 +11,15 @@ import torch.nn.functional as F
 from scipy.special import ndtri
 
 from mnar_recsys.data.rows import as_rows
-from mnar_recsys.models.config import ModelConfig, build_model
 from mnar_recsys.models import quadrature
-from mnar_recsys.models.quadrature import (gauss_hermite, log_expected_sigmoid, log_expected_sigmoid_categorical,
-                                           masked_log_expected_sigmoid_categorical_sum, masked_log_expected_sigmoid_sum)
+from mnar_recsys.models.config import ModelConfig, build_model
+from mnar_recsys.models.quadrature import (
+    gauss_hermite,
+    log_expected_sigmoid,
+    log_expected_sigmoid_categorical,
+    masked_log_expected_sigmoid_categorical_sum,
+    masked_log_expected_sigmoid_sum,
+)
 
 
 def self_masking_model(decoder: str, n_features: int = 6, slopes: tuple[float, float] = (-1.5, 1.5),

@@ -13,7 +13,8 @@ import torch
 from mnar_recsys.cli import main
 from mnar_recsys.data import load_coat
 from mnar_recsys.data.files import ChecksumWarning
-from mnar_recsys.data.yahoo import TEST_FILE as YAHOO_TEST, TRAIN_FILE as YAHOO_TRAIN
+from mnar_recsys.data.yahoo import TEST_FILE as YAHOO_TEST
+from mnar_recsys.data.yahoo import TRAIN_FILE as YAHOO_TRAIN
 from mnar_recsys.devices import resolve_device
 from mnar_recsys.evaluation.protocol import fit_and_score, mcar_split
 from mnar_recsys.pipelines import ratings as ratings_pipeline
@@ -56,7 +57,8 @@ def test_cli_writes_results_table_and_plots(tmp_path, capsys):
     assert "ESS (mean over users)" in (out / "results.md").read_text()
     printed = capsys.readouterr().out
     assert "| notmiwae-gaussian | MNAR | 2 |" in printed and "| oracle | reference | 2 |" in printed
-    assert "| mf-ips | MNAR + 5% MCAR | 2 |" in printed and "Protocol quick: seeds 0, 1; not-MIWAE iterations 20" in printed
+    assert ("| mf-ips | MNAR + 5% MCAR | 2 |" in printed
+            and "Protocol quick: seeds 0, 1; not-MIWAE iterations 20" in printed)
     assert "| model | trains on | seeds | MCAR MSE" in (out / "results.md").read_text()
 
 

@@ -62,7 +62,8 @@ def test_bad_inputs(tmp_path, capsys):
     assert main(["svhn", "--n-test", "1797", "--out", str(tmp_path / "out")]) == 2
     assert "--n-test 1797 leaves none of the digits stand-in's 1,797 images for training" in capsys.readouterr().err
     # refused as the config is made, before the (missing) files are looked for
-    assert main(["svhn", "--data-dir", str(tmp_path / "none"), "--ll-samples", "0", "--out", str(tmp_path / "out")]) == 2
+    assert main(["svhn", "--data-dir", str(tmp_path / "none"), "--ll-samples", "0",
+                 "--out", str(tmp_path / "out")]) == 2
     assert "--ll-samples must be at least 1, got 0" in capsys.readouterr().err
     assert main(["svhn", "--n-test", "-1", "--out", str(tmp_path / "out")]) == 2
     assert "--n-test must be at least 0, got -1" in capsys.readouterr().err

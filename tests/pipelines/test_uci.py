@@ -11,8 +11,14 @@ from mnar_recsys.cli import main
 from mnar_recsys.data.uci import UCI_DATASETS, expected_file, load_uci
 from mnar_recsys.evaluation.metrics import imputation_rmse
 from mnar_recsys.pipelines import uci as uci_pipeline
-from mnar_recsys.pipelines.uci import (NEURAL_MODELS, UCIConfig, make_imputer, masked_dataset, paper_rmse,
-                                       results_markdown)
+from mnar_recsys.pipelines.uci import (
+    NEURAL_MODELS,
+    UCIConfig,
+    make_imputer,
+    masked_dataset,
+    paper_rmse,
+    results_markdown,
+)
 
 # the shared data folder beside the project root; $MNAR_RECSYS_UCI_DIR overrides (e.g. from a worktree)
 UCI_DIR = Path(

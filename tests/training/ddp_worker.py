@@ -55,6 +55,7 @@ if __name__ == "__main__":
     args = parser.parse_args()
     distributed.initialise("cpu", args.backend)
     try:
-        train(args.rows, args.items, args.shards, args.out, args.bad_rank, args.validation_fraction, on_disk=args.on_disk)
+        train(args.rows, args.items, args.shards, args.out, args.bad_rank, args.validation_fraction,
+              on_disk=args.on_disk)
     finally:
         distributed.shutdown()
