@@ -317,7 +317,8 @@ def _select(
         block = truth[rows]
         codes = block.astype(np.intp) + (n_levels + 1) * np.arange(block.shape[0])[:, None]  # (row, rating) bins
         weights = np.broadcast_to(popularity, block.shape).ravel()
-        mass[rows] = np.bincount(codes.ravel(), weights, (n_levels + 1) * block.shape[0]).reshape(-1, n_levels + 1)[:, 1:]
+        counts = np.bincount(codes.ravel(), weights, (n_levels + 1) * block.shape[0])
+        mass[rows] = counts.reshape(-1, n_levels + 1)[:, 1:]
     target, best_error, best = train_shares, np.inf, None
     for _ in range(1 + _REALISED_ROUNDS):
         propensity = _approximate_propensity(mass, n_rated, target)

@@ -71,7 +71,7 @@ def test_selection_favours_high_ratings(default_data):
 
 
 def test_deterministic_given_seed():
-    first, second = simulate_ratings(SimulatorConfig(**SMALL, seed=7)), simulate_ratings(SimulatorConfig(**SMALL, seed=7))
+    first, second = (simulate_ratings(SimulatorConfig(**SMALL, seed=7)) for _ in range(2))
     assert (first.train != second.train).nnz == 0 and (first.test != second.test).nnz == 0
     np.testing.assert_array_equal(first.truth, second.truth)
     np.testing.assert_array_equal(first.meta["oracle"], second.meta["oracle"])

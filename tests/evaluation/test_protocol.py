@@ -8,7 +8,7 @@ from mnar_recsys.pipelines.ratings import RatingsRun, load_data
 
 
 def test_scored_entries_are_the_test_entries_outside_the_mcar_sample():
-    data = load_data(RatingsRun(users=300, items=60))
+    data = load_data(RatingsRun(users=300, items=60, selection="race"))
     split = mcar_split(data, seed=3)
     test = data.test.tocoo()
     sample = split.mcar_sample.tocoo()
@@ -40,6 +40,6 @@ class _Diverged:
 
 def test_a_model_that_predicts_nan_is_refused_not_scored():
     """NDCG ranks NaN among the numbers and had recorded a score for it (0.564, with MSE null)."""
-    split = mcar_split(load_data(RatingsRun(users=300, items=60)), seed=3)
+    split = mcar_split(load_data(RatingsRun(users=300, items=60, selection="race")), seed=3)
     with pytest.raises(ValueError, match=rf"mf \(seed 3\) predicted 1 of {split.n_test} scored entries as NaN"):
         fit_and_score(_Diverged(), split)

@@ -20,7 +20,8 @@ from mnar_recsys.pipelines.uci import UCIConfig, run_uci
 ROOT = Path(__file__).parents[2]
 HOLD = ("import sys, time\nfrom mnar_recsys.pipelines.output_lock import hold_output\n"
         "with hold_output(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(600)\n")
-QUICK = ["--users", "200", "--items", "30", "--iterations", "300", "--importance-samples", "10", "--device", "cpu",
+QUICK = ["--users", "200", "--items", "30", "--selection", "race", "--iterations", "300", "--importance-samples", "10",
+         "--device", "cpu",
          "--models", "mf,notmiwae-gaussian", "--no-progress"]
 
 

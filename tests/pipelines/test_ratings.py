@@ -29,7 +29,8 @@ COAT = Path(os.environ.get("MNAR_RECSYS_COAT_DIR",
 
 def test_cli_writes_results_table_and_plots(tmp_path, capsys):
     out = tmp_path / "run"
-    code = main(["ratings", "--users", "300", "--items", "60", "--iterations", "20", "--importance-samples", "20",
+    code = main(["ratings", "--users", "300", "--items", "60", "--selection", "race", "--iterations", "20",
+                 "--importance-samples", "20",
                  "--seeds", "0,1", "--models", "notmiwae-gaussian,mf,mf-ips,train-mean,oracle",
                  "--estimator-k", "10,20", "--out", str(out), "--no-progress"])
     assert code == 0
@@ -144,10 +145,10 @@ def test_cli_refuses_options_it_would_ignore_or_misuse_before_any_work(tmp_path,
 def test_every_model_predicts_on_the_data_sets_rating_scale():
     """A data set rated 0..10 (the simulator's ratings doubled) sets every model's rating scale: the
     predictions stay within 0..10 and reach past 5, the top of the default scale."""
-    data = load_data(RatingsRun(users=200, items=40))
+    data = load_data(RatingsRun(users=200, items=40, selection="race"))
     data = dataclasses.replace(data, train=data.train * 2, test=data.test * 2, rating_scale=(0, 10), truth=None)
     split = mcar_split(data, seed=0)
-    run = RatingsRun(users=200, items=40, iterations=30, lr=1e-2, importance_samples=20)
+    run = RatingsRun(users=200, items=40, selection="race", iterations=30, lr=1e-2, importance_samples=20)
     for name in ("notmiwae-gaussian", "notmiwae-categorical", "mf", "pmf", "mf-ips", "mf-ips-mask", "mf-dr"):
         _, predictions = fit_and_score(build(name, run, data, seed=0, progress=False), split, uses_mcar_sample(name))
         assert predictions.min() >= 0 and predictions.max() <= 10, name
@@ -157,7 +158,8 @@ def test_every_model_predicts_on_the_data_sets_rating_scale():
 def test_selection_reaches_the_simulator():
     data = load_data(RatingsRun(users=300, items=60, selection="independent"))
     assert data.meta["config"]["selection"] == "independent" and "selection_intercept" in data.meta["params"]
-    assert load_data(RatingsRun(users=300, items=60)).meta["config"]["selection"] == "race"
+    assert load_data(RatingsRun(users=300, items=60, selection="race")).meta["config"]["selection"] == "race"
+    assert RatingsRun().selection == "logistic" and (RatingsRun().users, RatingsRun().items) == (2_000, 500)
     with pytest.raises(ValueError, match="selection must be one of"):
         RatingsRun(selection="lottery")
 
@@ -179,7 +181,8 @@ def test_notmiwae_beats_miwae_and_mf_on_coat():
 
 def small_run(out: Path, *options: str) -> int:
     """`mnar-recsys ratings` on 300 x 60 synthetic ratings, seed 0, K_pred 20, with `options` added."""
-    return main(["ratings", "--users", "300", "--items", "60", "--importance-samples", "20", "--seeds", "0",
+    return main(["ratings", "--users", "300", "--items", "60", "--selection", "race", "--importance-samples", "20",
+                 "--seeds", "0",
                  *options, "--out", str(out), "--no-progress"])
 
 
@@ -265,7 +268,7 @@ def test_cli_validation_fraction_records_the_kept_iteration(tmp_path):
 
 
 def test_the_data_seed_draws_other_synthetic_data():
-    first, second = (load_data(RatingsRun(users=300, items=60, data_seed=seed)) for seed in (0, 1))
+    first, second = (load_data(RatingsRun(users=300, items=60, selection="race", data_seed=seed)) for seed in (0, 1))
     assert first.train.shape == second.train.shape and (first.train != second.train).nnz > 0
 
 
@@ -277,7 +280,8 @@ def test_ratings_runs_data_parallel_under_torchrun(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
     launched = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "mnar_recsys.cli",
-         "ratings", "--users", "200", "--items", "30", "--iterations", "30", "--importance-samples", "20",
+         "ratings", "--users", "200", "--items", "30", "--selection", "race", "--iterations", "30",
+         "--importance-samples", "20",
          "--seeds", "0", "--models", "notmiwae-gaussian,mf", "--device", "cpu", "--out", str(out), "--no-progress"],
         capture_output=True, text=True, timeout=300, env=env)
     assert launched.returncode == 0, launched.stderr[-3000:]
@@ -371,7 +375,7 @@ def _write_yahoo_format(directory: Path, data) -> None:
 def test_cli_runs_the_comparison_on_yahoo_files(tmp_path, capsys):
     """`mnar-recsys ratings --data yahoo --data-dir DIR` on files in the real format (simulated ratings) is all
     it takes: every model is scored on the same MCAR entries, those outside MF-IPS's 5% sample."""
-    data = load_data(RatingsRun(users=200, items=40, test_users=80))
+    data = load_data(RatingsRun(users=200, items=40, selection="race", test_users=80))
     files = tmp_path / "yahoo"
     files.mkdir()
     _write_yahoo_format(files, data)
@@ -401,7 +405,7 @@ def test_tune_baselines_chooses_each_seeds_hyper_parameters_on_its_train_ratings
     assert "chosen for each seed on 10% of its train ratings held out" in (out / "results.md").read_text()
     records = {(r["model"], r["seed"]): r for r in results["records"]}
     assert "tuning" not in records["constant-2", 0]
-    data = load_data(RatingsRun(users=300, items=60, seeds=(0,)))
+    data = load_data(RatingsRun(users=300, items=60, selection="race", seeds=(0,)))
     for seed in (0, 1):
         split = mcar_split(data, seed)
         for name in ("mf", "mf-ips"):
@@ -418,5 +422,7 @@ def test_tune_baselines_chooses_each_seeds_hyper_parameters_on_its_train_ratings
 
 def test_tune_baselines_without_a_tunable_model_is_refused(tmp_path, capsys):
     assert main(["ratings", "--models", "constant-2,oracle", "--tune-baselines", "--out", str(tmp_path)]) == 2
-    assert ("--tune-baselines tunes mf, pmf, autorec, mf-ips, mf-ips-mask, mf-ips-given, mf-dr, mf-dr-mask, "
-            "mf-dr-given: add one of them to --models") in capsys.readouterr().err
+    from baselines.registry import GRIDS
+
+    assert f"--tune-baselines tunes {', '.join(GRIDS)}: add one of them to --models" in capsys.readouterr().err
+    assert {"mf", "pmf", "autorec", "mf-ips", "mf-dr-jl", "cpt-v-mcar", "mf-mnar"} <= set(GRIDS)

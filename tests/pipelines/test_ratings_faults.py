@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).parents[2]
-RUN = ["-m", "mnar_recsys.cli", "ratings", "--users", "150", "--items", "30", "--seeds", "0,1", "--iterations", "60",
+RUN = ["-m", "mnar_recsys.cli", "ratings", "--users", "150", "--items", "30", "--selection", "race", "--seeds", "0,1",
+       "--iterations", "60",
        "--importance-samples", "10", "--device", "cpu", "--models", "mf,notmiwae-gaussian", "--no-progress"]
 KILLS = 5
 

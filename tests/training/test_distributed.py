@@ -95,7 +95,8 @@ def test_process_0_failing_in_its_own_work_stops_every_rank(tmp_path, models):
     (out / "results.json").mkdir(parents=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
-               "mnar_recsys.cli", "ratings", "--users", "200", "--items", "30", "--seeds", "0", "--iterations", "20",
+               "mnar_recsys.cli", "ratings", "--users", "200", "--items", "30", "--selection", "race", "--seeds", "0",
+               "--iterations", "20",
                "--importance-samples", "10", "--device", "cpu", "--models", models, "--out", str(out), "--no-progress"]
     launched = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     try:
