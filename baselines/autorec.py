@@ -21,8 +21,8 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from baselines._checks import check_fitted, check_on_scale, check_pairs, check_ratings
 from mnar_recsys.checks import check_positive_finite, check_positive_integer
+from mnar_recsys.checks.ratings import check_fitted, check_on_scale, check_pairs, check_ratings
 
 # the grid AutoRecConfig's default l2 was chosen on, and which `baselines.registry.tune_baseline` searches: the
 # paper searched 0.001, 0.01, 0.1, 1, 100 and 1000; on these sparse data sets everything below 10 over-fits, and the

@@ -1,22 +1,14 @@
-"""The interface every rating predictor shares (cornac-style fit / predict)."""
+"""The interface every rating predictor shares (cornac-style fit / predict, the protocol's ``Recommender``), and
+what a results record keeps of a fitted one."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, is_dataclass
-from typing import Any, Protocol
+from typing import Any
 
-import numpy as np
-import scipy.sparse as sp
+from mnar_recsys.evaluation.protocol import Recommender
 
-
-class Recommender(Protocol):
-    """Fit on the MNAR train matrix, predict ratings for (user, item) pairs."""
-
-    name: str
-
-    def fit(self, train: sp.csr_matrix) -> "Recommender": ...
-
-    def predict(self, users: np.ndarray, items: np.ndarray) -> np.ndarray: ...
+__all__ = ["Recommender", "settings_of"]
 
 
 def settings_of(model: Recommender) -> dict[str, Any]:

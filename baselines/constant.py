@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from baselines._checks import check_fitted, check_on_scale, check_pairs, check_ratings
+from mnar_recsys.checks.ratings import check_fitted, check_on_scale, check_pairs, check_ratings
 
 
 class ConstantPredictor:

@@ -15,9 +15,9 @@ from sklearn.impute import IterativeImputer
 from sklearn.linear_model import BayesianRidge
 from sklearn.utils.validation import check_is_fitted
 
-from baselines._dense_checks import check_missing_data
 from baselines.lowrank_joint import LowRankJointImputer
 from baselines.ppca import PPCAImputer
+from mnar_recsys.checks.dense import check_missing_data
 
 
 class MeanImputer(TransformerMixin, BaseEstimator):

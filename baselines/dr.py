@@ -43,10 +43,10 @@ import numpy as np
 import scipy.sparse as sp
 
 from baselines._als import shared_ridge
-from baselines._checks import check_on_scale, check_ratings
 from baselines.ips import IPSMatrixFactorization
 from baselines.mf import MatrixFactorization, MFConfig
 from mnar_recsys.checks import check_positive_finite, check_positive_integer
+from mnar_recsys.checks.ratings import check_on_scale, check_ratings
 
 # chosen as MF's defaults were, by the IPS estimate on 10% of Coat's train ratings held out over MF_GRID
 # (``baselines.registry.tune_baseline``, seed 0): 0.3, n_factors mattering little (1.065 to 1.067; 0.2: 1.117,

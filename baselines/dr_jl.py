@@ -24,7 +24,6 @@ import scipy.sparse as sp
 import torch
 from torch import nn
 
-from baselines._checks import check_fitted, check_on_scale, check_pairs, check_ratings
 from baselines.mf import MatrixFactorization, MFConfig
 from baselines.propensities import (
     DEFAULT_MIN_RELATIVE,
@@ -33,6 +32,7 @@ from baselines.propensities import (
     naive_bayes_propensities,
 )
 from mnar_recsys.checks import check_positive_finite, check_positive_integer
+from mnar_recsys.checks.ratings import check_fitted, check_on_scale, check_pairs, check_ratings
 
 # the penalties ``baselines.registry.tune_baseline`` chooses nu from, on IPS-weighted held-out ratings
 DRJL_GRID: tuple[dict[str, float], ...] = tuple({"nu": nu} for nu in (0.01, 0.03, 0.1, 0.3, 1.0))

@@ -4,7 +4,7 @@
 Three named variants:
 - ``mf-ips``: Naive-Bayes propensities P(O=1 | Y=r), which need a small MCAR sample. The sample is
   passed explicitly, to the constructor or to ``fit(train, mcar_sample=...)``; split it off the MCAR
-  test with ``split_mcar_sample`` and score on the rest only.
+  test with ``mnar_recsys.data.splits.split_mcar_sample`` and score on the rest only.
 - ``mf-ips-mask``: propensities from a logistic MF of the observation mask alone; needs no MCAR data.
 - ``mf-ips-given``: a users x items matrix of propensities estimated elsewhere, such as those Schnabel et
   al. ship with Coat (``mnar_recsys.data.coat.load_coat_propensities``), behind their published MSE.
@@ -18,7 +18,6 @@ from typing import Any, Literal
 import numpy as np
 import scipy.sparse as sp
 
-from baselines._checks import check_on_scale, check_ratings
 from baselines.mf import MatrixFactorization, MFConfig
 from baselines.propensities import (
     DEFAULT_MIN_RELATIVE,
@@ -26,17 +25,7 @@ from baselines.propensities import (
     mask_propensities,
     naive_bayes_propensities,
 )
-from baselines.selection import split_entries
-
-
-def split_mcar_sample(test: sp.csr_matrix, fraction: float = 0.05,
-                      seed: int = 0) -> tuple[sp.csr_matrix, sp.csr_matrix]:
-    """Split the MCAR test ratings uniformly at random into (sample, rest), both of the test's shape.
-
-    ``sample`` holds round(fraction * nnz) ratings (at least 1) for estimating P(Y=r); ``rest`` is what
-    should be scored, so the propensity model never sees a scored rating.
-    """
-    return split_entries(test, fraction, seed)
+from mnar_recsys.checks.ratings import check_on_scale, check_ratings
 
 
 class IPSMatrixFactorization(MatrixFactorization):

@@ -14,8 +14,8 @@ from numpy.typing import ArrayLike
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils.validation import check_is_fitted
 
-from baselines._dense_checks import check_missing_data, standardisation
 from mnar_recsys.checks import check_positive_integer
+from mnar_recsys.checks.dense import check_missing_data, standardisation
 
 
 class LowRankJointImputer(TransformerMixin, BaseEstimator):

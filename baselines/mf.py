@@ -19,8 +19,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from baselines._als import ridge_rows
-from baselines._checks import check_fitted, check_on_scale, check_pairs, check_ratings, check_sample_weight
 from mnar_recsys.checks import check_positive_finite, check_positive_integer
+from mnar_recsys.checks.ratings import check_fitted, check_on_scale, check_pairs, check_ratings, check_sample_weight
 
 # the grid MFConfig's defaults were chosen on, and which `baselines.registry.tune_baseline` searches
 MF_GRID: tuple[dict[str, float], ...] = tuple({"n_factors": n, "l2": l2} for n in (5, 10, 20)

@@ -29,8 +29,8 @@ import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 
-from baselines._checks import check_fitted, check_on_scale, check_pairs, check_ratings
 from mnar_recsys.checks import check_positive_finite, check_positive_integer
+from mnar_recsys.checks.ratings import check_fitted, check_on_scale, check_pairs, check_ratings
 
 # the grid `baselines.registry.tune_baseline` searches on held-out train ratings
 MF_MNAR_GRID: tuple[dict[str, float], ...] = tuple({"rank": k, "l2": l2} for k in (5, 10, 20)

@@ -26,10 +26,10 @@ import scipy.sparse as sp
 from scipy.special import logit, logsumexp
 from sklearn.exceptions import ConvergenceWarning
 
-from baselines._checks import check_fitted, check_on_scale, check_pairs, check_ratings
 from baselines.mixture_missing import CPTv, LogitVD
 from baselines.propensities import naive_bayes_propensities
 from mnar_recsys.checks import check_positive_finite, check_positive_integer
+from mnar_recsys.checks.ratings import check_fitted, check_on_scale, check_pairs, check_ratings
 
 # the grid for choosing n_components and alpha on held-out train ratings (``baselines.selection.select_config``)
 MIXTURE_GRID: tuple[dict[str, float], ...] = tuple({"n_components": k, "alpha": a} for k in (5, 10, 20)

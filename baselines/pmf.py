@@ -18,8 +18,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from baselines._als import ridge_rows
-from baselines._checks import check_fitted, check_on_scale, check_pairs, check_ratings
 from mnar_recsys.checks import check_positive_finite, check_positive_integer
+from mnar_recsys.checks.ratings import check_fitted, check_on_scale, check_pairs, check_ratings
 
 # the grid PMFConfig's defaults were chosen on, and which `baselines.registry.tune_baseline` searches
 PMF_GRID: tuple[dict[str, float], ...] = tuple({"n_factors": n, "lambda_u": lam, "lambda_v": lam} for n in (5, 10, 20)

@@ -23,8 +23,8 @@ from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils.validation import check_is_fitted
 
-from baselines._dense_checks import check_missing_data, standardisation
 from mnar_recsys.checks import check_positive_integer, is_positive_integer
+from mnar_recsys.checks.dense import check_missing_data, standardisation
 
 _LOG_2PI = np.log(2.0 * np.pi)
 

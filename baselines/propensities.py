@@ -18,7 +18,7 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.linear_model import LogisticRegression
 
-from baselines._checks import check_ratings
+from mnar_recsys.checks.ratings import check_ratings
 
 DEFAULT_MIN_RELATIVE = 0.1
 MIN_MCAR_PER_LEVEL = 10  # MCAR ratings per rating level below which P(Y = r) is too noisy to weight by
@@ -60,10 +60,11 @@ def naive_bayes_propensities(
     """Naive-Bayes propensities P(O=1 | Y=r) = P(Y=r | O=1) P(O=1) / P(Y=r).
 
     P(Y=r | O=1) and P(O=1) come from the MNAR ``train``; P(Y=r) from the small ``mcar_sample`` (e.g.
-    5% of the MCAR test, see ``baselines.ips.split_mcar_sample``). Both rating distributions get
+    5% of the MCAR test, see ``mnar_recsys.data.splits.split_mcar_sample``). Both rating distributions get
     ``pseudo_count`` added per level so that a level absent from the small sample cannot divide by 0.
     Levels are the rating values seen in either matrix. Clipped as described in the module docstring.
-    Warns (``SmallMCARSampleWarning``) when the sample holds fewer than ``MIN_MCAR_PER_LEVEL`` ratings per level.
+    Warns (``SmallMCARSampleWarning``) when the sample holds fewer than ``MIN_MCAR_PER_LEVEL`` ratings a level on
+    average.
     """
     train = check_ratings(train)
     mcar_sample = check_ratings(mcar_sample, "mcar_sample")
@@ -72,8 +73,8 @@ def naive_bayes_propensities(
     levels = np.union1d(train.data, mcar_sample.data)
     if mcar_sample.nnz < MIN_MCAR_PER_LEVEL * levels.size:
         warnings.warn(f"the MCAR sample holds {mcar_sample.nnz} ratings for {levels.size} rating levels, fewer than "
-                      f"{MIN_MCAR_PER_LEVEL} per level: the Naive-Bayes propensities rest on a handful of ratings "
-                      "and may be far off; give a larger MCAR sample", SmallMCARSampleWarning, stacklevel=2)
+                      f"{MIN_MCAR_PER_LEVEL} a level on average: the Naive-Bayes propensities rest on a handful of "
+                      "ratings and may be far off; give a larger MCAR sample", SmallMCARSampleWarning, stacklevel=2)
 
     def dist(values: np.ndarray, what: str) -> np.ndarray:
         counts = np.array([(values == r).sum() for r in levels], dtype=np.float64) + pseudo_count

@@ -12,7 +12,6 @@ from typing import Any, Callable
 import numpy as np
 import scipy.sparse as sp
 
-from baselines._checks import check_ratings
 from baselines.autorec import AUTOREC_GRID, AutoRec
 from baselines.base import Recommender
 from baselines.constant import ConstantPredictor, TrainMean
@@ -25,6 +24,8 @@ from baselines.mixture import MIXTURE_GRID, MultinomialMixture
 from baselines.pmf import PMF_GRID, ProbabilisticMF
 from baselines.propensities import mask_propensities, naive_bayes_propensities
 from baselines.selection import select_config
+from baselines.vae_cf import VAE_GRID, GaussianVAE
+from mnar_recsys.checks.ratings import check_ratings
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ SPECS: dict[str, BaselineSpec] = {
     "mf": BaselineSpec(MatrixFactorization, MF_GRID, published=1.891),
     "pmf": BaselineSpec(ProbabilisticMF, PMF_GRID, published=1.709),
     "autorec": BaselineSpec(AutoRec, AUTOREC_GRID, published=1.438),
+    "gaussian-vae": BaselineSpec(GaussianVAE, VAE_GRID, published=1.381),
     "mf-ips": BaselineSpec(lambda **kw: IPSMatrixFactorization("naive-bayes", **kw), MF_GRID, uses_mcar_sample=True,
                            published=0.989),
     "mf-ips-mask": BaselineSpec(lambda **kw: IPSMatrixFactorization("mask", **kw), MF_GRID),

@@ -12,27 +12,9 @@ from typing import Callable, Iterable
 import numpy as np
 import scipy.sparse as sp
 
-from baselines._checks import check_ratings
 from baselines.base import Recommender
-
-
-def split_entries(ratings: sp.csr_matrix, fraction: float, seed: int) -> tuple[sp.csr_matrix, sp.csr_matrix]:
-    """Draw round(fraction * nnz) stored entries (at least 1) uniformly without replacement.
-
-    Returns (drawn, rest): two CSR matrices of ``ratings``' shape that partition its entries.
-    """
-    if not 0.0 < fraction < 1.0:
-        raise ValueError(f"fraction must be in (0, 1), got {fraction}")
-    ratings = check_ratings(ratings, "ratings")
-    drawn = np.zeros(ratings.nnz, dtype=bool)
-    n_drawn = max(1, int(round(fraction * ratings.nnz)))
-    drawn[np.random.default_rng(seed).choice(ratings.nnz, size=n_drawn, replace=False)] = True
-    coo = ratings.tocoo()
-
-    def part(sel: np.ndarray) -> sp.csr_matrix:
-        return sp.csr_matrix((coo.data[sel], (coo.row[sel], coo.col[sel])), shape=ratings.shape)
-
-    return part(drawn), part(~drawn)
+from mnar_recsys.checks.ratings import check_ratings
+from mnar_recsys.data.splits import split_entries
 
 
 def validation_split(train: sp.csr_matrix, fraction: float = 0.1, seed: int = 0) -> tuple[sp.csr_matrix, sp.csr_matrix]:

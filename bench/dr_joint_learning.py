@@ -20,9 +20,9 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.optimize import minimize
 
-from baselines._checks import check_ratings
 from baselines.dr import DoublyRobustMF
 from baselines.mf import MatrixFactorization
+from mnar_recsys.checks.ratings import check_ratings
 from mnar_recsys.data import load_coat
 from mnar_recsys.evaluation.metrics import mse
 from mnar_recsys.evaluation.protocol import MCARSplit, mcar_split

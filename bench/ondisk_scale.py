@@ -28,7 +28,7 @@ import scipy.sparse as sp
 from isolation import isolated, peak_rss_mib  # bench/, on the path when this script runs
 from mnar_recsys.data.ondisk import convert_triples, open_csr, save_csr
 from mnar_recsys.models.decoders import GaussianDecoder
-from mnar_recsys.training.trainer import prepare_rows
+from mnar_recsys.models.notmiwae import prepare_rows
 
 ITEMS, PER_ROW, TARGET_LINES = 100_000, 20, 20_000_000
 

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
-from mnar_recsys.evaluation.reports import atomic_directory
+from mnar_recsys.io import atomic_directory
 
 from .files import utf8_errors_named
 from .rows import RowBatch, RowSource, _check_csr, batch_from_csr

@@ -14,7 +14,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from baselines._checks import csr_keeping_duplicates
+from mnar_recsys.checks.ratings import csr_keeping_duplicates
 
 
 @dataclass

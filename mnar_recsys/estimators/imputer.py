@@ -14,8 +14,8 @@ from sklearn.base import BaseEstimator, OneToOneFeatureMixin, TransformerMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from baselines._dense_checks import column_name, non_numeric_error, pandas_missing_as_nan, standardisation
 from mnar_recsys.checks import check_positive_integer
+from mnar_recsys.checks.dense import column_name, non_numeric_error, pandas_missing_as_nan, standardisation
 from mnar_recsys.devices import resolve_device
 from mnar_recsys.inference import importance
 from mnar_recsys.models.config import ModelConfig, build_missing_model, build_model

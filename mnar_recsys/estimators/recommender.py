@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from baselines._checks import check_fitted, check_pairs, check_ratings
+from mnar_recsys.checks.ratings import check_fitted, check_pairs, check_ratings
 from mnar_recsys.devices import resolve_device
-from mnar_recsys.evaluation.reports import atomic_path
 from mnar_recsys.inference.importance import ImportanceConfig, Imputation, impute
+from mnar_recsys.io import atomic_path
 from mnar_recsys.models.config import ModelConfig, build_model
 from mnar_recsys.models.notmiwae import NotMIWAE
 from mnar_recsys.training import checkpoint, distributed

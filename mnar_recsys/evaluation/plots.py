@@ -13,7 +13,7 @@ matplotlib.use("Agg")  # files only: never open a window, also without a display
 import matplotlib.pyplot as plt  # noqa: E402 - after choosing the backend
 import numpy as np  # noqa: E402
 
-from mnar_recsys.evaluation.reports import save_figure  # noqa: E402
+from mnar_recsys.io import save_figure  # noqa: E402
 
 
 def _panel_grid(n_panels: int, width: float, height: float, sharex: bool = False) -> tuple[plt.Figure, np.ndarray]:

@@ -9,18 +9,27 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import scipy.sparse as sp
 
-from baselines.base import Recommender
-from baselines.ips import split_mcar_sample
 from mnar_recsys.data.ratings import RatingsData
+from mnar_recsys.data.splits import split_mcar_sample
 from mnar_recsys.evaluation.metrics import mae, mse, ndcg_at_k, per_rating_errors
 
 MCAR_SAMPLE_FRACTION = 0.05
 NDCG_K = 5
+
+
+class Recommender(Protocol):
+    """What the protocol scores (cornac-style): fit on the MNAR train matrix, predict ratings for (user, item) pairs."""
+
+    name: str
+
+    def fit(self, train: sp.csr_matrix) -> Recommender: ...
+
+    def predict(self, users: np.ndarray, items: np.ndarray) -> np.ndarray: ...
 
 
 @dataclass

@@ -28,9 +28,8 @@ from mnar_recsys.checks import check_positive_integer
 from mnar_recsys.data.rows import RowBatch, RowSource
 from mnar_recsys.devices import resolve_device
 from mnar_recsys.inference.tilt import Posterior, conditional_mean, mixture_median
-from mnar_recsys.models.notmiwae import NotMIWAE
+from mnar_recsys.models.notmiwae import NotMIWAE, prepare_rows
 from mnar_recsys.training.seeds import seeded
-from mnar_recsys.training.trainer import prepare_rows
 
 METHODS = ("mean", "median", "multiple")
 SAMPLED_IMPUTATIONS = ("decoder-mean", "draws")

@@ -5,12 +5,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from mnar_recsys.checks import is_positive_integer
-from mnar_recsys.data.rows import RowBatch
+from mnar_recsys.data.rows import RowBatch, RowSource, as_rows
 from mnar_recsys.devices import cpu_normal
 from mnar_recsys.models.bound import BoundTerms, importance_weighted_bound
 from mnar_recsys.models.decoders import CategoricalDecoder, GaussianDecoder, ObservationModel, Params
@@ -333,3 +335,28 @@ def _check_unobserved_samples(unobserved_samples: int | None, missing_model: Mis
     if not (missing_model.per_feature or missing_model.is_mcar):
         raise ValueError(f"{type(missing_model).__name__} couples features, so its missing term cannot be "
                          "subsampled entry by entry: leave unobserved_samples unset")
+
+
+CHECK_CHUNK = 1 << 22  # observed values per chunk of prepare_rows' checks (16 MB of float32)
+
+
+def prepare_rows(model: NotMIWAE, data: np.ndarray | sp.spmatrix | RowSource) -> RowSource:
+    """Validate rows for this model, as training and inference take them: shape and the decoder's support."""
+    rows = as_rows(data)
+    if rows.n_features != model.n_features:
+        raise ValueError(f"the model has {model.n_features} features but the rows have {rows.n_features}")
+    values = rows.observed_values()
+    # a chunk at a time: rows on disk are memory-mapped, and a check over the whole array at once would hold
+    # a few bytes per rating in memory
+    for start in range(0, values.size, CHECK_CHUNK):
+        part = np.asarray(values[start:start + CHECK_CHUNK])
+        among = "" if values.size <= CHECK_CHUNK else f" among observed entries {start}..{start + part.size - 1}"
+        if not np.isfinite(part).all():  # a stored NaN in sparse rows, or an infinity, would make the bound NaN
+            raise ValueError(f"{int((~np.isfinite(part)).sum())} observed values{among} are NaN or infinite (e.g. "
+                             f"{part[~np.isfinite(part)][0]}); sparse rows store observed values only, and dense "
+                             "rows mark a missing one with NaN")
+        try:
+            model.decoder.check_values(part)
+        except ValueError as error:
+            raise ValueError(f"{error}{among}") from None
+    return rows

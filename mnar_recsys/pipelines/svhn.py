@@ -26,15 +26,9 @@ from mnar_recsys.data.amputation import apply_mask
 from mnar_recsys.data.svhn import B, W, clipping_mask, digits_stand_in, load_svhn
 from mnar_recsys.devices import resolve_device
 from mnar_recsys.evaluation.metrics import imputation_rmse
-from mnar_recsys.evaluation.reports import (
-    markdown_table,
-    provenance,
-    remove_previous,
-    save_figure,
-    write_atomic,
-    write_json,
-)
+from mnar_recsys.evaluation.reports import markdown_table
 from mnar_recsys.inference.importance import ImportanceConfig, impute, log_likelihood
+from mnar_recsys.io import provenance, remove_previous, save_figure, write_atomic, write_json
 from mnar_recsys.models.config import ModelConfig, build_model
 from mnar_recsys.models.missing import MCAR
 from mnar_recsys.models.notmiwae import NotMIWAE

@@ -25,15 +25,9 @@ from mnar_recsys.devices import resolve_device
 from mnar_recsys.estimators.imputer import NotMIWAEImputer
 from mnar_recsys.evaluation import plots
 from mnar_recsys.evaluation.metrics import imputation_rmse
-from mnar_recsys.evaluation.reports import (
-    markdown_table,
-    provenance,
-    remove_previous,
-    summarise,
-    write_atomic,
-    write_json,
-)
+from mnar_recsys.evaluation.reports import markdown_table, summarise
 from mnar_recsys.inference.importance import SAMPLED_IMPUTATIONS, check_sampled_imputation
+from mnar_recsys.io import provenance, remove_previous, write_atomic, write_json
 from mnar_recsys.pipelines.arguments import (
     add_config_options,
     check_counts,

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from mnar_recsys.data.uci import UCI_NAMES
-from mnar_recsys.evaluation.reports import provenance, write_atomic, write_json
+from mnar_recsys.io import provenance, write_atomic, write_json
 from mnar_recsys.pipelines.arguments import check_output_folder
 from mnar_recsys.pipelines.uci import results_markdown, rmse_figure, row_order
 

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from mnar_recsys.data.files import sha256_of
-from mnar_recsys.evaluation.reports import atomic_path, provenance, write_json
+from mnar_recsys.io import atomic_path, provenance, write_json
 from mnar_recsys.models.config import ModelConfig, build_model
 from mnar_recsys.models.notmiwae import NotMIWAE
 from mnar_recsys.training import distributed

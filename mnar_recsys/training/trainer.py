@@ -20,9 +20,9 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from mnar_recsys.checks import check_positive_finite, check_positive_integer
-from mnar_recsys.data.rows import RowSource, as_rows
+from mnar_recsys.data.rows import RowSource
 from mnar_recsys.devices import resolve_device
-from mnar_recsys.models.notmiwae import NotMIWAE
+from mnar_recsys.models.notmiwae import NotMIWAE, prepare_rows
 from mnar_recsys.training import distributed
 from mnar_recsys.training.seeds import step_seed
 
@@ -86,31 +86,6 @@ def _batches(n_rows: int, batch_size: int, rng: np.random.Generator):
         order = rng.permutation(n_rows)
         for start in range(0, n_rows - size + 1, size):
             yield order[start:start + size]
-
-
-CHECK_CHUNK = 1 << 22  # observed values per chunk of prepare_rows' checks (16 MB of float32)
-
-
-def prepare_rows(model: NotMIWAE, data: "np.ndarray | sp.spmatrix | RowSource") -> RowSource:
-    """Validate rows for this model: shape and the decoder's support."""
-    rows = as_rows(data)
-    if rows.n_features != model.n_features:
-        raise ValueError(f"the model has {model.n_features} features but the rows have {rows.n_features}")
-    values = rows.observed_values()
-    # a chunk at a time: rows on disk are memory-mapped, and a check over the whole array at once would hold
-    # a few bytes per rating in memory
-    for start in range(0, values.size, CHECK_CHUNK):
-        part = np.asarray(values[start:start + CHECK_CHUNK])
-        among = "" if values.size <= CHECK_CHUNK else f" among observed entries {start}..{start + part.size - 1}"
-        if not np.isfinite(part).all():  # a stored NaN in sparse rows, or an infinity, would make the bound NaN
-            raise ValueError(f"{int((~np.isfinite(part)).sum())} observed values{among} are NaN or infinite (e.g. "
-                             f"{part[~np.isfinite(part)][0]}); sparse rows store observed values only, and dense "
-                             "rows mark a missing one with NaN")
-        try:
-            model.decoder.check_values(part)
-        except ValueError as error:
-            raise ValueError(f"{error}{among}") from None
-    return rows
 
 
 def fit(model: NotMIWAE, data: "np.ndarray | sp.spmatrix | RowSource", config: TrainConfig,

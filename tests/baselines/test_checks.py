@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from baselines._checks import check_ratings
+from mnar_recsys.checks.ratings import check_ratings
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf])

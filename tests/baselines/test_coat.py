@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from baselines.ips import split_mcar_sample
 from baselines.registry import make_baseline
 from mnar_recsys.data import load_coat_propensities
+from mnar_recsys.data.splits import split_mcar_sample
 from mnar_recsys.evaluation.metrics import mse
 
 # The shared copy sits beside the project root; MNAR_RECSYS_COAT_DIR overrides it (e.g. in a worktree).

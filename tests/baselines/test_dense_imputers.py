@@ -10,9 +10,9 @@ from sklearn.exceptions import ConvergenceWarning, NotFittedError
 from sklearn.linear_model import LinearRegression
 from sklearn.pipeline import Pipeline
 
-from baselines._dense_checks import pandas_missing_as_nan
 from baselines.dense_imputers import DENSE_IMPUTERS, PPCAImputer, make_dense_imputer
 from baselines.lowrank_joint import LowRankJointImputer
+from mnar_recsys.checks.dense import pandas_missing_as_nan
 from mnar_recsys.data.amputation import apply_mask, mcar, paper_self_masking, standardize
 from mnar_recsys.evaluation.metrics import imputation_rmse
 

@@ -2,8 +2,9 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from baselines.ips import IPSMatrixFactorization, split_mcar_sample
+from baselines.ips import IPSMatrixFactorization
 from baselines.mf import MatrixFactorization
+from mnar_recsys.data.splits import split_mcar_sample
 from mnar_recsys.evaluation.metrics import mse
 
 

@@ -5,9 +5,10 @@ from baselines.registry import BASELINES, GRIDS, SPECS, make_baseline
 
 
 def test_names_cover_the_brief():
-    assert set(BASELINES) == {"mf", "pmf", "autorec", "mf-ips", "mf-ips-mask", "mf-ips-given", "mf-dr", "mf-dr-mask",
-                              "mf-dr-given", "mf-dr-jl", "mf-dr-jl-mask", "nfm-dr-jl", "nfm-dr-jl-mask", "mf-mnar",
-                              "mixture", "cpt-v", "cpt-v-mcar", "logit-vd", "logit-vd-mcar", "constant-2", "train-mean"}
+    assert set(BASELINES) == {"mf", "pmf", "autorec", "gaussian-vae", "mf-ips", "mf-ips-mask", "mf-ips-given", "mf-dr",
+                              "mf-dr-mask", "mf-dr-given", "mf-dr-jl", "mf-dr-jl-mask", "nfm-dr-jl", "nfm-dr-jl-mask",
+                              "mf-mnar", "mixture", "cpt-v", "cpt-v-mcar", "logit-vd", "logit-vd-mcar", "constant-2",
+                              "train-mean"}
 
 
 def test_the_specs_say_what_the_pipelines_need():
@@ -21,7 +22,7 @@ def test_the_specs_say_what_the_pipelines_need():
     assert {name: spec.published for name, spec in SPECS.items() if spec.published} == {
         "mf": 1.891, "pmf": 1.709, "autorec": 1.438, "mf-ips": 0.989, "cpt-v": 1.115, "cpt-v-mcar": 1.115,
         "logit-vd": 1.301, "logit-vd-mcar": 1.301, "mf-dr-jl": 0.966, "nfm-dr-jl": 0.957,
-        "mf-mnar": 2.199}
+        "mf-mnar": 2.199, "gaussian-vae": 1.381}
 
 
 def test_unknown_name_and_bad_hyper_parameters():

@@ -210,9 +210,9 @@ def test_fit_refuses_a_nan_value_in_the_folder(folder, monkeypatch):
 def test_the_values_are_checked_a_chunk_at_a_time(folder, monkeypatch):
     """Rows on disk are memory-mapped: fit's checks read their values a chunk at a time rather than holding
     a few bytes per rating, and a failure names the chunk it was found in."""
-    from mnar_recsys.training import trainer
+    from mnar_recsys.models import notmiwae
 
-    monkeypatch.setattr(trainer, "CHECK_CHUNK", 16)
+    monkeypatch.setattr(notmiwae, "CHECK_CHUNK", 16)
     data = np.load(folder / "data.npy")
     data[21] = 7.0
     np.save(folder / "data.npy", data)

@@ -2,7 +2,7 @@
 
 import subprocess
 
-from mnar_recsys.evaluation.reports import git_state, provenance
+from mnar_recsys.io import git_state, provenance
 
 
 def _git(repo, *args):
@@ -37,7 +37,7 @@ def test_provenance_reports_the_package_checkouts_state(monkeypatch):
     from pathlib import Path
 
     import mnar_recsys
-    from mnar_recsys.evaluation import reports
+    from mnar_recsys import io as reports
 
     asked = []
 

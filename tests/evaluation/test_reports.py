@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from mnar_recsys.evaluation.reports import atomic_path, write_json
+from mnar_recsys.io import atomic_path, write_json
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):

@@ -1,4 +1,4 @@
-"""Input checks shared by the dense imputers (NaN marks a missing entry)."""
+"""Checks of dense data with NaN for a missing entry, shared by the dense imputers and the not-MIWAE imputer."""
 
 from __future__ import annotations
 

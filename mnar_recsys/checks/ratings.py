@@ -1,4 +1,4 @@
-"""Input validation shared by the baselines: one place for the error messages."""
+"""Checks of rating matrices and (user, item) pairs, shared by every rating model: one place for the error messages."""
 
 from __future__ import annotations
 
