@@ -443,9 +443,9 @@ def report(data: RatingsData, run: RatingsRun, table: str, estimator: list[dict[
     return "\n".join(lines)
 
 
-TABLE_NOTE = ("Methods sorted by MCAR MSE, then the reference rows. 'MNAR' models learn from the self-selected "
-              "train ratings alone; 'MNAR + 5% MCAR' ones also from 5% of the MCAR test ratings, which no model "
-              "is scored on; the oracle knows the simulator's expected ratings and a constant predicts one value.")
+TABLE_NOTE = ("Methods sorted by MCAR MSE, then the reference rows (the simulator's oracle, which knows its "
+              "expected ratings, and constant predictors). 'MNAR' models learn from the self-selected train ratings "
+              "alone; 'MNAR + 5% MCAR' ones also from 5% of the MCAR test ratings, which no model is scored on.")
 
 
 def protocol_note(run: RatingsRun) -> str:

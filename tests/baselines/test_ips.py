@@ -107,7 +107,7 @@ def test_mf_ips_warns_when_the_mcar_sample_is_tiny(mnar_data):
     keep = np.random.default_rng(0).choice(coo.nnz, 8, replace=False)
     tiny = sp.csr_matrix((coo.data[keep], (coo.row[keep], coo.col[keep])), shape=full.shape)
     with pytest.warns(SmallMCARSampleWarning, match=r"the MCAR sample holds 8 ratings for 5 rating levels, fewer "
-                                                    r"than 10 per level"):
+                                                    r"than 10 a level on average"):
         IPSMatrixFactorization("naive-bayes", mcar_sample=tiny).fit(mnar_data.train)
     with warnings.catch_warnings():
         warnings.simplefilter("error", SmallMCARSampleWarning)
