@@ -32,7 +32,7 @@ from baselines.propensities import (
     naive_bayes_propensities,
 )
 from mnar_recsys.checks import check_positive_finite, check_positive_integer
-from mnar_recsys.checks.ratings import check_fitted, check_on_scale, check_pairs, check_ratings
+from mnar_recsys.checks.ratings import check_fitted, check_mcar_sample, check_on_scale, check_pairs, check_ratings
 
 # the penalties ``baselines.registry.tune_baseline`` chooses nu from, on IPS-weighted held-out ratings
 DRJL_GRID: tuple[dict[str, float], ...] = tuple({"nu": nu} for nu in (0.01, 0.03, 0.1, 0.3, 1.0))
@@ -246,12 +246,7 @@ class DoublyRobustJointMF:
             raise ValueError(f"the {self.propensity!r} variant uses no MCAR data; do not pass mcar_sample")
         if self.propensity == "mask":
             return mask_propensities(train, self.mask_config)
-        sample = mcar_sample if mcar_sample is not None else self.mcar_sample
-        if sample is None:
-            raise ValueError(f"{self.name} needs an MCAR sample for its Naive-Bayes propensities: pass mcar_sample "
-                             "to the constructor or fit()")
-        if sample.shape != train.shape:
-            raise ValueError(f"mcar_sample shape {sample.shape} != train shape {train.shape}")
+        sample = check_mcar_sample(self.name, train, mcar_sample, self.mcar_sample)
         return naive_bayes_propensities(train, sample, min_relative=self.min_relative)(train.data)
 
     def _prediction_model(self, start: MatrixFactorization, generator: torch.Generator) -> nn.Module:

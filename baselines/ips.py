@@ -25,7 +25,7 @@ from baselines.propensities import (
     mask_propensities,
     naive_bayes_propensities,
 )
-from mnar_recsys.checks.ratings import check_on_scale, check_ratings
+from mnar_recsys.checks.ratings import check_mcar_sample, check_on_scale, check_ratings
 
 
 class IPSMatrixFactorization(MatrixFactorization):
@@ -110,11 +110,7 @@ class IPSMatrixFactorization(MatrixFactorization):
         if mcar_sample is not None and self.propensity != "naive-bayes":
             raise ValueError(f"the {self.propensity!r} variant uses no MCAR data; do not pass mcar_sample")
         if self.propensity == "naive-bayes":
-            sample = mcar_sample if mcar_sample is not None else self.mcar_sample
-            if sample is None:
-                raise ValueError(f"{self.name} needs an MCAR sample: pass mcar_sample to the constructor or fit()")
-            if sample.shape != train.shape:
-                raise ValueError(f"mcar_sample shape {sample.shape} != train shape {train.shape}")
+            sample = check_mcar_sample(self.name, train, mcar_sample, self.mcar_sample)
             return naive_bayes_propensities(train, sample, min_relative=self.min_relative)(train.data)
         if self.propensity == "given":
             if self.propensities.shape != train.shape:

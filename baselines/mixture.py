@@ -29,7 +29,7 @@ from sklearn.exceptions import ConvergenceWarning
 from baselines.mixture_missing import CPTv, LogitVD
 from baselines.propensities import naive_bayes_propensities
 from mnar_recsys.checks import check_positive_finite, check_positive_integer
-from mnar_recsys.checks.ratings import check_fitted, check_on_scale, check_pairs, check_ratings
+from mnar_recsys.checks.ratings import check_fitted, check_mcar_sample, check_on_scale, check_pairs, check_ratings
 
 # the grid for choosing n_components and alpha on held-out train ratings (``baselines.selection.select_config``)
 MIXTURE_GRID: tuple[dict[str, float], ...] = tuple({"n_components": k, "alpha": a} for k in (5, 10, 20)
@@ -249,11 +249,7 @@ class MultinomialMixture:
         density = train.nnz / (n_users * n_items)
         centre = np.full(len(levels), density)
         if self.prior == "mcar":
-            sample = mcar_sample if mcar_sample is not None else self.mcar_sample
-            if sample is None:
-                raise ValueError(f"{self.name} needs an MCAR sample: pass mcar_sample to the constructor or fit()")
-            if sample.shape != train.shape:
-                raise ValueError(f"mcar_sample shape {sample.shape} != train shape {train.shape}")
+            sample = check_mcar_sample(self.name, train, mcar_sample, self.mcar_sample)
             centre = _level_propensities(train, sample, levels)
         elif mcar_sample is not None:
             raise ValueError(f"{self.name} uses no MCAR data; do not pass mcar_sample")

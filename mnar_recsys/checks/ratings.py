@@ -95,3 +95,15 @@ def check_fitted(obj: object, attr: str) -> None:
     """Raise if ``obj.fit`` has not run yet."""
     if getattr(obj, attr, None) is None:
         raise ValueError(f"{type(obj).__name__} is not fitted; call fit(train) first")
+
+
+def check_mcar_sample(name: str, train: sp.csr_matrix, passed: sp.csr_matrix | None,
+                      stored: sp.csr_matrix | None) -> sp.csr_matrix:
+    """The MCAR sample model `name` fits with: the one `passed` to fit, else the one `stored` by its constructor;
+    refused when neither was given or when its shape is not `train`'s."""
+    sample = passed if passed is not None else stored
+    if sample is None:
+        raise ValueError(f"{name} needs an MCAR sample: pass mcar_sample to the constructor or fit()")
+    if sample.shape != train.shape:
+        raise ValueError(f"mcar_sample shape {sample.shape} != train shape {train.shape}")
+    return sample
