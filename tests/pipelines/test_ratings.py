@@ -426,3 +426,25 @@ def test_tune_baselines_without_a_tunable_model_is_refused(tmp_path, capsys):
 
     assert f"--tune-baselines tunes {', '.join(GRIDS)}: add one of them to --models" in capsys.readouterr().err
     assert {"mf", "pmf", "autorec", "mf-ips", "mf-dr-jl", "cpt-v-mcar", "mf-mnar"} <= set(GRIDS)
+
+
+@pytest.mark.slow
+def test_the_papers_table_is_one_command_on_yahoo_files(tmp_path, capsys):
+    """`mnar-recsys ratings --data yahoo --data-dir DIR --models paper` runs every row of the paper's Yahoo! R3
+    table the package has, on files in the real format, and prints each row's published number beside ours."""
+    data = load_data(RatingsRun(users=300, items=60, selection="race", test_users=120))
+    files = tmp_path / "yahoo"
+    files.mkdir()
+    _write_yahoo_format(files, data)
+    out = tmp_path / "run"
+    with pytest.warns(ChecksumWarning):
+        code = main(["ratings", "--data", "yahoo", "--data-dir", str(files), "--models", "paper", "--iterations", "20",
+                     "--importance-samples", "20", "--out", str(out), "--no-progress"])
+    assert code == 0
+    records = json.loads((out / "results.json").read_text())["records"]
+    paper = ratings_pipeline.model_set("paper", "yahoo")
+    assert [r["model"] for r in records] == list(paper) and len(paper) == 16
+    printed = capsys.readouterr().out
+    for name in paper:
+        assert f"| {ratings_pipeline.published(name):.3f} |" in next(line for line in printed.splitlines()
+                                                                     if line.startswith(f"| {name} |"))
