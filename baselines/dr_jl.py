@@ -41,42 +41,39 @@ DRJL_GRID: tuple[dict[str, float], ...] = tuple({"nu": nu} for nu in (0.01, 0.03
 # nu (and NFMDRJLConfig's) as tuned on Coat seed 0's held-out train ratings, IPS-weighted, over DRJL_GRID
 @dataclass
 class DRJLConfig:
-    """Hyper-parameters of DR-JL with a biased-MF prediction model.
+    """Hyper-parameters of DR-JL with a biased-MF prediction model."""
 
-    Attributes:
-        n_factors: latent dimension of r̂ (in MF-DR-JL also of r̃ and of the ALS fit both start from).
-        nu: penalty weight of the prediction model (see the module docstring).
-        imputation_nu: penalty weight of the imputation model.
-        lr: Adam step size of the prediction model.
-        imputation_lr: Adam step size of the imputation model.
-        batch_size: observed cells per step (|B_O|).
-        uniform_ratio: uniformly drawn cells per observed cell in a prediction step (|B_D| / |B_O|).
-        k1: imputation steps per block.
-        k2: prediction steps per block.
-        n_steps: prediction steps in all (and k1 / k2 as many imputation steps). Steps rather than epochs:
-            Adam moves a parameter by about ``lr`` a step whatever the data's size, and the fit drifts
-            once run long, so one length suits small and large data alike.
-        init_l2: per-rating l2 of the starting MF fit (``MFConfig.l2``).
-        init_iters: ALS sweeps of the starting MF fit.
-        weighted_start: start from the MF fit weighted by the inverse propensities (MF-IPS) rather than plain MF.
-        rating_scale: predictions are clipped to this (low, high); None disables clipping.
-        seed: seeds the starting fit, the initialisation and the batches.
-    """
-
+    #: latent dimension of r̂ (in MF-DR-JL also of r̃ and of the ALS fit both start from).
     n_factors: int = 20
+    #: penalty weight of the prediction model (see the module docstring).
     nu: float = 0.3
+    #: penalty weight of the imputation model.
     imputation_nu: float = 0.1
+    #: Adam step size of the prediction model.
     lr: float = 1e-3
+    #: Adam step size of the imputation model.
     imputation_lr: float = 1e-3
+    #: observed cells per step (|B_O|).
     batch_size: int = 1024
+    #: uniformly drawn cells per observed cell in a prediction step (|B_D| / |B_O|).
     uniform_ratio: int = 1
+    #: imputation steps per block.
     k1: int = 1
+    #: prediction steps per block.
     k2: int = 1
+    #: prediction steps in all (and k1 / k2 as many imputation steps). Steps rather than epochs: Adam moves a parameter
+    #: by about ``lr`` a step whatever the data's size, and the fit drifts once run long, so one length suits small and
+    #: large data alike.
     n_steps: int = 1000
+    #: per-rating l2 of the starting MF fit (``MFConfig.l2``).
     init_l2: float = 0.2
+    #: ALS sweeps of the starting MF fit.
     init_iters: int = 15
+    #: start from the MF fit weighted by the inverse propensities (MF-IPS) rather than plain MF.
     weighted_start: bool = True
+    #: predictions are clipped to this (low, high); None disables clipping.
     rating_scale: tuple[float, float] | None = (1.0, 5.0)
+    #: seeds the starting fit, the initialisation and the batches.
     seed: int = 0
 
 

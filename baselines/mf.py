@@ -36,21 +36,19 @@ class MFConfig:
     l2 {0.1, 0.2, 0.3, 0.5, 1, 3, 10}, the best was 20 / 0.2 (validation MSE 1.142); n_iters 10, 15 and 30
     agreed to 0.001. On another data set choose again (``baselines.registry.tune_baseline``, or
     ``mnar-recsys ratings --tune-baselines``) rather than reuse these.
-
-    Attributes:
-        n_factors: latent dimension of p_u and q_i.
-        l2: weight of the per-rating L2 penalty (see the module docstring).
-        n_iters: ALS sweeps (each updates the user side, then the item side).
-        init_std: standard deviation of the Gaussian factor initialisation (biases start at 0).
-        rating_scale: predictions are clipped to this (low, high); None disables clipping.
-        seed: seeds the initialisation.
     """
 
+    #: latent dimension of p_u and q_i.
     n_factors: int = 20
+    #: weight of the per-rating L2 penalty (see the module docstring).
     l2: float = 0.2
+    #: ALS sweeps (each updates the user side, then the item side).
     n_iters: int = 15
+    #: standard deviation of the Gaussian factor initialisation (biases start at 0).
     init_std: float = 0.1
+    #: predictions are clipped to this (low, high); None disables clipping.
     rating_scale: tuple[float, float] | None = (1.0, 5.0)
+    #: seeds the initialisation.
     seed: int = 0
 
 

@@ -45,40 +45,38 @@ class MFMNARConfig:
     (``baselines.selection.select_config``), never the MCAR test; the other fields were not tuned. A weak l2
     lets the rating MF explain the mask (unobserved cells rated low, omega steep). On another data set choose
     again (``baselines.registry.tune_baseline``).
-
-    Attributes:
-        rank: latent dimension of the rating factors u_i, v_j.
-        mask_rank: latent dimension of the mask factors g_i, h_j.
-        l2: L2 weight on u, v, b, c, e, f (the loss is a sum over cells, so this is a prior precision / 2).
-        l2_mask: L2 weight on the mask factors g, h; large, so that they cannot absorb the missingness.
-        n_iters: Adam steps, each over the observed ratings and the unobserved term (all of it or a sample).
-        lr: Adam's initial step size, cosine-decayed to 0 over n_iters.
-        unobserved_sample: cells drawn uniformly (with replacement) per step for the o=0 sum; None, or a number
-            of at least users x items, sums every cell instead.
-        observed_batch: observed ratings drawn uniformly (with replacement) per step, each counted ratings / batch
-            times; None, or a number of at least the ratings, uses them all.
-        chunk_cells: user x item cells per row chunk of the full o=0 sum (bounds its memory).
-        omega_init_slope: omega_l starts at slope * (l - mean level) plus the logit of the density.
-        init_std: standard deviation of the Gaussian initialisation of the factors.
-        mnar: False holds omega equal across levels (the MAR model: the mask then factorises out of the rating
-            model's loss and is left at its start).
-        rating_scale: the levels are the integers from low to high; predictions are clipped to it.
-        seed: seeds the initialisation and the unobserved-cell draws.
     """
 
+    #: latent dimension of the rating factors u_i, v_j.
     rank: int = 10
+    #: latent dimension of the mask factors g_i, h_j.
     mask_rank: int = 5
+    #: L2 weight on u, v, b, c, e, f (the loss is a sum over cells, so this is a prior precision / 2).
     l2: float = 10.0
+    #: L2 weight on the mask factors g, h; large, so that they cannot absorb the missingness.
     l2_mask: float = 30.0
+    #: Adam steps, each over the observed ratings and the unobserved term (all of it or a sample).
     n_iters: int = 400
+    #: Adam's initial step size, cosine-decayed to 0 over n_iters.
     lr: float = 0.05
+    #: cells drawn uniformly (with replacement) per step for the o=0 sum; None, or a number of at least users x items,
+    #: sums every cell instead.
     unobserved_sample: int | None = 1_000_000
+    #: observed ratings drawn uniformly (with replacement) per step, each counted ratings / batch times; None, or a
+    #: number of at least the ratings, uses them all.
     observed_batch: int | None = None
+    #: user x item cells per row chunk of the full o=0 sum (bounds its memory).
     chunk_cells: int = 1 << 19
+    #: omega_l starts at slope * (l - mean level) plus the logit of the density.
     omega_init_slope: float = 0.5
+    #: standard deviation of the Gaussian initialisation of the factors.
     init_std: float = 0.1
+    #: False holds omega equal across levels (the MAR model: the mask then factorises out of the rating model's loss
+    #: and is left at its start).
     mnar: bool = True
+    #: the levels are the integers from low to high; predictions are clipped to it.
     rating_scale: tuple[float, float] = (1.0, 5.0)
+    #: seeds the initialisation and the unobserved-cell draws.
     seed: int = 0
 
 

@@ -44,35 +44,33 @@ class MixtureConfig:
     prefer other values on other data sets, so choose them with ``MIXTURE_GRID`` and
     ``baselines.selection.select_config``. The missing models' prior strengths cannot be chosen that way
     (held-out ratings are MNAR and favour the MAR fit); their defaults are set per prior centre, see below.
-
-    Attributes:
-        n_components: number of mixture components K.
-        alpha: Dirichlet concentration on theta and every beta_.dk; above 1, so every MAP probability is > 0.
-        prior_strength: CPT-v: pseudo-cells per level in the Beta prior on mu_v (see ``CPTv``), as a fraction of
-            the users x items cells; None: ``WEAK_PRIOR`` for ``prior="train"``, ``TIGHT_PRIOR`` for "mcar".
-        omega_sd: Logit-vd: prior standard deviation of the level logits omega_v around their centre; None:
-            ``WEAK_PRIOR`` or ``TIGHT_PRIOR`` as for prior_strength.
-        psi_sd: Logit-vd: prior standard deviation of the item logits psi_d around 0.
-        m_step_iters: Logit-vd: L-BFGS iterations per M-step.
-        max_iter: most EM steps (M-steps; a ConvergenceWarning says when they ran out).
-        tol: EM stops once an iteration (a SQUAREM cycle when accelerated) raises the log posterior by less
-            than tol times its magnitude.
-        accelerate: SQUAREM extrapolation of the EM steps (see ``_squarem_cycle``): EM crawls here, as nearly all
-            cells are missing; every kept cycle still raises the log posterior. False runs plain EM.
-        rating_scale: integer (low, high): the levels are low..high; predictions are clipped to it.
-        seed: seeds the random initial assignment of users to components.
     """
 
+    #: number of mixture components K.
     n_components: int = 10
+    #: Dirichlet concentration on theta and every beta_.dk; above 1, so every MAP probability is > 0.
     alpha: float = 2.0
+    #: CPT-v: pseudo-cells per level in the Beta prior on mu_v (see ``CPTv``), as a fraction of the users x items
+    #: cells; None: ``WEAK_PRIOR`` for ``prior="train"``, ``TIGHT_PRIOR`` for "mcar".
     prior_strength: float | None = None
+    #: Logit-vd: prior standard deviation of the level logits omega_v around their centre; None: ``WEAK_PRIOR`` or
+    #: ``TIGHT_PRIOR`` as for prior_strength.
     omega_sd: float | None = None
+    #: Logit-vd: prior standard deviation of the item logits psi_d around 0.
     psi_sd: float = 10.0
+    #: Logit-vd: L-BFGS iterations per M-step.
     m_step_iters: int = 20
+    #: most EM steps (M-steps; a ConvergenceWarning says when they ran out).
     max_iter: int = 2000
+    #: EM stops once an iteration (a SQUAREM cycle when accelerated) raises the log posterior by less than tol times
+    #: its magnitude.
     tol: float = 1e-7
+    #: SQUAREM extrapolation of the EM steps (see ``_squarem_cycle``): EM crawls here, as nearly all cells are missing;
+    #: every kept cycle still raises the log posterior. False runs plain EM.
     accelerate: bool = True
+    #: integer (low, high): the levels are low..high; predictions are clipped to it.
     rating_scale: tuple[float, float] = (1.0, 5.0)
+    #: seeds the random initial assignment of users to components.
     seed: int = 0
 
 

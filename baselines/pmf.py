@@ -35,25 +35,23 @@ class PMFConfig:
     n_factors {5, 10, 20} x lambda_u = lambda_v {1, 3, 5, 10, 20, 40}, the best was biases with 20 / 5
     (validation MSE 1.151, against 1.316 at best without). On another data set choose n_factors and the
     lambdas again (``baselines.registry.tune_baseline``).
-
-    Attributes:
-        n_factors: latent dimension.
-        lambda_u: prior precision ratio sigma^2 / sigma_U^2 on user factors.
-        lambda_v: prior precision ratio sigma^2 / sigma_V^2 on item factors.
-        biases: add a user and an item bias, penalised like their side's factors.
-        n_iters: ALS sweeps (each updates U then V); the objective decreases monotonically.
-        init_std: standard deviation of the Gaussian initialisation of V.
-        rating_scale: predictions are clipped to this (low, high); None disables clipping.
-        seed: seeds the initialisation.
     """
 
+    #: latent dimension.
     n_factors: int = 20
+    #: prior precision ratio sigma^2 / sigma_U^2 on user factors.
     lambda_u: float = 5.0
+    #: prior precision ratio sigma^2 / sigma_V^2 on item factors.
     lambda_v: float = 5.0
+    #: add a user and an item bias, penalised like their side's factors.
     biases: bool = True
+    #: ALS sweeps (each updates U then V); the objective decreases monotonically.
     n_iters: int = 20
+    #: standard deviation of the Gaussian initialisation of V.
     init_std: float = 0.1
+    #: predictions are clipped to this (low, high); None disables clipping.
     rating_scale: tuple[float, float] | None = (1.0, 5.0)
+    #: seeds the initialisation.
     seed: int = 0
 
 

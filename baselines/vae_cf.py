@@ -43,37 +43,34 @@ _PREDICT_CHUNK = 4096  # users decoded at once: bounds the dense (users x items)
 class VAEConfig:
     """Hyper-parameters of the Gaussian-VAE; the defaults are the paper's recipe. On a data set as small as
     Coat, choose dropout, beta_cap, normalise and mean_start from ``VAE_GRID`` on held-out train ratings.
-
-    Attributes:
-        hidden: units of the encoder's and the decoder's tanh layer (the paper's 600).
-        latent: dimension of z (the paper's 200).
-        epochs: passes over the users with at least one train rating.
-        batch_size: users per gradient step.
-        lr: Adam step size.
-        beta_cap: the largest weight of the KL term; 0 fits a (noisy) autoencoder.
-        anneal_fraction: share of the steps after which beta stays at its cap (it grows linearly from 0).
-        dropout: probability of dropping each observed input entry in training (kept ones scale by
-            1 / (1 - dropout)); 0 disables it.
-        normalise: L2-normalise each user's input row, as the paper does; it hides the user's rating level
-            (ratings 1, 1 and 5, 5 of the same items encode alike), so False divides by the largest train
-            rating instead.
-        mean_start: add the train mean to the output biases' N(0, 0.001^2) start, so that the first steps
-            fit the structure rather than the offset (the paper's biases start near 0, natural for clicks).
-        rating_scale: predictions are clipped to this (low, high); None disables clipping.
-        seed: seeds the initialisation, the batch order, the dropout and the sampled z.
     """
 
+    #: units of the encoder's and the decoder's tanh layer (the paper's 600).
     hidden: int = 600
+    #: dimension of z (the paper's 200).
     latent: int = 200
+    #: passes over the users with at least one train rating.
     epochs: int = 200
+    #: users per gradient step.
     batch_size: int = 500
+    #: Adam step size.
     lr: float = 1e-3
+    #: the largest weight of the KL term; 0 fits a (noisy) autoencoder.
     beta_cap: float = 0.2
+    #: share of the steps after which beta stays at its cap (it grows linearly from 0).
     anneal_fraction: float = 0.8
+    #: probability of dropping each observed input entry in training (kept ones scale by 1 / (1 - dropout)); 0 disables
+    #: it.
     dropout: float = 0.5
+    #: L2-normalise each user's input row, as the paper does; it hides the user's rating level (ratings 1, 1 and 5, 5
+    #: of the same items encode alike), so False divides by the largest train rating instead.
     normalise: bool = True
+    #: add the train mean to the output biases' N(0, 0.001^2) start, so that the first steps fit the structure rather
+    #: than the offset (the paper's biases start near 0, natural for clicks).
     mean_start: bool = False
+    #: predictions are clipped to this (low, high); None disables clipping.
     rating_scale: tuple[float, float] | None = (1.0, 5.0)
+    #: seeds the initialisation, the batch order, the dropout and the sampled z.
     seed: int = 0
 
     def validate(self) -> None:

@@ -68,54 +68,49 @@ SELECTIONS = ("race", "independent", "logistic")
 
 @dataclass
 class SimulatorConfig:
-    """Parameters of ``simulate_ratings``; the defaults mimic Yahoo! R3 (15,400 users x 1,000 songs).
+    """Parameters of ``simulate_ratings``; the defaults mimic Yahoo! R3 (15,400 users x 1,000 songs)."""
 
-    Attributes:
-        n_users: number of users (rows).
-        n_items: number of items (columns).
-        n_test_users: the first this many users get an MCAR test set.
-        test_items_per_user: random items rated by each test user.
-        rank: rank of the user-item interaction.
-        user_bias_var: variance of the user bias in the latent score.
-        item_bias_var: variance of the item bias in the latent score.
-        interaction_var: variance of the low-rank interaction term in the latent score.
-        noise_var: variance of the per-cell noise (the part of a rating even the oracle cannot predict).
-        mcar_shares: rating shares 1..K of a uniformly random cell (sets the ordinal thresholds).
-        train_shares: target rating shares 1..K of the self-selected train ratings (sets the propensities).
-        min_ratings_per_user: with ``selection="race"`` every user rates at least this many items in
-            train; with "logistic" users who rate fewer are dropped; with "independent" it enters only the
-            expected number of ratings, and a user may rate fewer.
-        median_ratings_per_user: median train ratings per user.
-        mean_ratings_per_user: mean train ratings per user (with the median, fixes the log-normal tail).
-        popularity_sigma: log-scale spread of item popularity (heavier tail -> more skewed item counts).
-        popularity_floor: popularity added to every item, so that no item is (almost) never rated.
-        selection: "race" (a fixed number of ratings per user, drawn without replacement),
-            "independent" (a logistic draw per cell) or "logistic" (a logistic draw per cell with a
-            per-user activity, light users dropped); see the module docstring.
-        activity_bias_correlation: with ``selection="logistic"``, the correlation of a user's activity
-            (the per-user shift of the selection logits) with the user's rating bias: users who like
-            more of the catalogue rate more of it.
-        seed: seed of the random generator; equal configs give equal data.
-    """
-
+    #: number of users (rows).
     n_users: int = 15_400
+    #: number of items (columns).
     n_items: int = 1_000
+    #: the first this many users get an MCAR test set.
     n_test_users: int = 5_400
+    #: random items rated by each test user.
     test_items_per_user: int = 10
+    #: rank of the user-item interaction.
     rank: int = 5
+    #: variance of the user bias in the latent score.
     user_bias_var: float = 0.30
+    #: variance of the item bias in the latent score.
     item_bias_var: float = 0.15
+    #: variance of the low-rank interaction term in the latent score.
     interaction_var: float = 0.25
+    #: variance of the per-cell noise (the part of a rating even the oracle cannot predict).
     noise_var: float = 0.30
+    #: rating shares 1..K of a uniformly random cell (sets the ordinal thresholds).
     mcar_shares: tuple[float, ...] = (0.526, 0.242, 0.144, 0.062, 0.026)
+    #: target rating shares 1..K of the self-selected train ratings (sets the propensities).
     train_shares: tuple[float, ...] = (0.314, 0.127, 0.158, 0.156, 0.246)
+    #: with ``selection="race"`` every user rates at least this many items in train; with "logistic" users who rate
+    #: fewer are dropped; with "independent" it enters only the expected number of ratings, and a user may rate fewer.
     min_ratings_per_user: int = 10
+    #: median train ratings per user.
     median_ratings_per_user: float = 15.0
+    #: mean train ratings per user (with the median, fixes the log-normal tail).
     mean_ratings_per_user: float = 20.2
+    #: log-scale spread of item popularity (heavier tail -> more skewed item counts).
     popularity_sigma: float = 1.5
+    #: popularity added to every item, so that no item is (almost) never rated.
     popularity_floor: float = 0.25
+    #: "race" (a fixed number of ratings per user, drawn without replacement), "independent" (a logistic draw per cell)
+    #: or "logistic" (a logistic draw per cell with a per-user activity, light users dropped); see the module
+    #: docstring.
     selection: str = "race"
+    #: with ``selection="logistic"``, the correlation of a user's activity (the per-user shift of the selection logits)
+    #: with the user's rating bias: users who like more of the catalogue rate more of it.
     activity_bias_correlation: float = 0.6
+    #: seed of the random generator; equal configs give equal data.
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -63,9 +63,8 @@ def read_triples(
     Files: columns user, item, rating in that order, or as a header names them (see ``file_layout``);
     ``sep=None`` takes the first of tab, comma, semicolon or bar found on the first line, else whitespace;
     ``header=None`` takes the first line for a header when it names columns (see ``file_layout``), else for
-    data. Blank lines are skipped; quoting is not supported.
-    DataFrames: columns named user/item/rating, else exactly three columns in that order; errors
-    name ``label`` and the 1-based row.
+    data. Blank lines are skipped; quoting is not supported. DataFrames: columns named user/item/rating, else
+    exactly three columns in that order; errors name ``label`` and the 1-based row.
     Ids, each read by itself: one written as a plain integer within int64 ('7', '-3', '7.0'; no leading zero
     or exponent) is that integer, any other is its stripped text ('07', '1e3', 'u7'). The ids are int64 when
     all are integers, else strings with the integers in decimal, so '7' and '7.0' are one id and '07' another

@@ -4,6 +4,30 @@ The estimator standardises each feature by the mean / sd of its observed values 
 and learning rate fit any units), trains a (not-)MIWAE with the paper's UCI architecture (two dense
 tanh layers of `hidden` units in encoder and decoder, latent size p - 1) and maps imputations back to
 the original units.
+
+``NotMIWAEImputer``'s parameters:
+
+decoder: 'gaussian' (dense tanh layers, a learned per-row variance) or 'linear' (PPCA-like:
+    x = W z + b with one variance shared by all features).
+missing: the missing model p(s|x): 'mcar' (the MIWAE), 'agnostic' (a linear layer of the row),
+    'self-masking' (a logistic regression per feature on its own value) or 'self-masking-known'
+    (the same with its direction fixed by `missing_sign`: -1 = large values go missing).
+latent_dim: None gives p - 1 (the paper), at least 1.
+hidden: units of the two hidden layers of encoder and decoder.
+n_samples: K of the training bound; iterations, batch_size, lr: Adam's schedule (the paper's UCI
+    protocol: 100k iterations of 16 rows, lr 1e-3).
+importance_samples: samples per row for the conditional mean in `transform`.
+missing_factor: 'integrated', 'sampled' or 'auto' (integrated for the per-feature missing models).
+standardize: scale features by the observed mean / sd before fitting (imputations are returned in
+    the original units either way).
+random_state: seeds initialisation, training and imputation (None: fresh randomness).
+device: 'auto' (CUDA when available), 'cpu' or 'cuda'; progress: show progress bars (training and imputation).
+sampled_imputation: with x_m sampled (the agnostic model's 'auto' factor, or missing_factor='sampled'),
+    what `transform` averages under the importance weights: 'decoder-mean' (the paper's code) or
+    'draws' (the drawn x_m, consistent; see `importance.ImportanceConfig`).
+n_init: fits from as many seeds, of which the one whose rows score highest (`score`) is kept, as
+    `GaussianMixture` keeps its best initialisation: the self-masking model of unknown sign can settle
+    with a feature's sign the wrong way round, and scores lower there. 1 (the paper's protocol) fits once.
 """
 
 from __future__ import annotations
@@ -31,29 +55,7 @@ _INPUT_ATTRIBUTES = ("n_features_in_", "feature_names_in_")
 class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
     """Impute NaN entries with a not-MIWAE (or the MIWAE, `missing='mcar'`).
 
-    Parameters
-    ----------
-    decoder: 'gaussian' (dense tanh layers, a learned per-row variance) or 'linear' (PPCA-like:
-        x = W z + b with one variance shared by all features).
-    missing: the missing model p(s|x): 'mcar' (the MIWAE), 'agnostic' (a linear layer of the row),
-        'self-masking' (a logistic regression per feature on its own value) or 'self-masking-known'
-        (the same with its direction fixed by `missing_sign`: -1 = large values go missing).
-    latent_dim: None gives p - 1 (the paper), at least 1.
-    hidden: units of the two hidden layers of encoder and decoder.
-    n_samples: K of the training bound; iterations, batch_size, lr: Adam's schedule (the paper's UCI
-        protocol: 100k iterations of 16 rows, lr 1e-3).
-    importance_samples: samples per row for the conditional mean in `transform`.
-    missing_factor: 'integrated', 'sampled' or 'auto' (integrated for the per-feature missing models).
-    standardize: scale features by the observed mean / sd before fitting (imputations are returned in
-        the original units either way).
-    random_state: seeds initialisation, training and imputation (None: fresh randomness).
-    device: 'auto' (CUDA when available), 'cpu' or 'cuda'; progress: show progress bars (training and imputation).
-    sampled_imputation: with x_m sampled (the agnostic model's 'auto' factor, or missing_factor='sampled'),
-        what `transform` averages under the importance weights: 'decoder-mean' (the paper's code) or
-        'draws' (the drawn x_m, consistent; see `importance.ImportanceConfig`).
-    n_init: fits from as many seeds, of which the one whose rows score highest (`score`) is kept, as
-        `GaussianMixture` keeps its best initialisation: the self-masking model of unknown sign can settle
-        with a feature's sign the wrong way round, and scores lower there. 1 (the paper's protocol) fits once.
+    Its parameters and fitted attributes are listed in the module docstring.
 
     `score(X)` is the mean log-likelihood estimate of the rows (higher is better).
 

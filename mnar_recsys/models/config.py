@@ -28,35 +28,23 @@ class ModelConfig:
     weight's sign held (higher ratings more often observed), and q(z | x_o) with a variance per row (the
     encoder's), where the paper's summary shares the latent variances.
 
-    encoder: 'mlp' (zero-imputed, `encoder_hidden` layers), 'set' (PointNet / partial-VAE with
-        `embedding_dim` and `code_dim`) or 'conv' (square images, strided convolutions with
-        `conv_channels`; the 'conv-gaussian' decoder mirrors them).
-    decoder: 'gaussian' (`decoder_hidden` layers, mean squashed to `squash` when given, `variance`
-        'shared' / 'per_row' / 'isotropic'), 'linear' (PPCA-like), 'categorical' over `levels` with
-        Gumbel-Softmax at `temperature`, 'bernoulli', 'student-t', 'conv-gaussian' (images).
-    missing: 'mcar' (the MIWAE), 'self-masking', 'self-masking-known' (direction `missing_sign`: +1, the
-        default, when larger values are more often observed, as ratings users chose to give; -1 when
-        they go missing, as in the UCI protocol),
-        'itemwise' (one shared weight, per-item biases; sign-constrained unless `missing_sign` is None),
-        'levelwise' (a free logit per rating level in `levels`, interpolated between them, per-item biases),
-        'agnostic', 'nonlinear', 'fixed-logistic' (`fixed_weight` · (x - `fixed_offset`)).
-    missing_factor: 'integrated' (x_m integrated out per feature) or 'sampled'.
-    unobserved_samples: None for the exact missing term; m >= 1 to train on its estimate from m uniform
-        draws of unobserved items per row (large catalogues; see `NotMIWAE`; inference stays exact).
-    row_offset: add a per-row shift w · z to the missing model's logits (users' activity; see
-        `missing.RowOffset`).
-    init: 'torch' (PyTorch's default) or 'glorot' (Glorot-uniform weights and zero biases in the encoder's
-        and decoder's dense layers, as in the paper's Keras code; see `glorot_init`).
+    The options of each field are on the field.
     """
 
     n_features: int
     latent_dim: int = 30
     activation: str = "relu"
+    #: 'mlp' (zero-imputed, `encoder_hidden` layers), 'set' (PointNet / partial-VAE with `embedding_dim` and
+    #: `code_dim`) or 'conv' (square images, strided convolutions with `conv_channels`; the 'conv-gaussian'
+    #: decoder mirrors them).
     encoder: str = "set"
     encoder_hidden: tuple[int, ...] = (128, 128)
     embedding_dim: int = 20
     code_dim: int = 50
     conv_channels: tuple[int, ...] = (64, 128, 256)
+    #: 'gaussian' (`decoder_hidden` layers, mean squashed to `squash` when given, `variance` 'shared' / 'per_row'
+    #: / 'isotropic'), 'linear' (PPCA-like), 'categorical' over `levels` with Gumbel-Softmax at `temperature`,
+    #: 'bernoulli', 'student-t', 'conv-gaussian' (images).
     decoder: str = "gaussian"
     decoder_hidden: tuple[int, ...] = ()
     squash: tuple[float, float] | None = (1.0, 5.0)
@@ -65,14 +53,25 @@ class ModelConfig:
     levels: tuple[int, int] = (1, 5)
     temperature: float = 0.5
     quadrature_points: int = 8
+    #: 'mcar' (the MIWAE), 'self-masking', 'self-masking-known' (direction `missing_sign`: +1, the default, when
+    #: larger values are more often observed, as ratings users chose to give; -1 when they go missing, as in the
+    #: UCI protocol), 'itemwise' (one shared weight, per-item biases; sign-constrained unless `missing_sign` is
+    #: None), 'levelwise' (a free logit per rating level in `levels`, interpolated between them, per-item
+    #: biases), 'agnostic', 'nonlinear', 'fixed-logistic' (`fixed_weight` · (x - `fixed_offset`)).
     missing: str = "itemwise"
     missing_sign: int | None = 1
     missing_hidden: tuple[int, ...] = (64,)
     fixed_weight: float = -50.0
     fixed_offset: float = 0.75
+    #: 'integrated' (x_m integrated out per feature) or 'sampled'.
     missing_factor: str = "integrated"
+    #: None for the exact missing term; m >= 1 to train on its estimate from m uniform draws of unobserved items
+    #: per row (large catalogues; see `NotMIWAE`; inference stays exact).
     unobserved_samples: int | None = None
+    #: add a per-row shift w · z to the missing model's logits (users' activity; see `missing.RowOffset`).
     row_offset: bool = False
+    #: 'torch' (PyTorch's default) or 'glorot' (Glorot-uniform weights and zero biases in the encoder's and
+    #: decoder's dense layers, as in the paper's Keras code; see `glorot_init`).
     init: str = "torch"
 
     def __post_init__(self) -> None:

@@ -1,4 +1,16 @@
-"""The not-MIWAE: encoder q(z|x_o), decoder p(x|z) and missing model p(s|x) tied by the bound L_K."""
+"""The not-MIWAE: encoder q(z|x_o), decoder p(x|z) and missing model p(s|x) tied by the bound L_K.
+
+unobserved_samples=m (per-feature or MCAR missing models): log p(x_o|z_k) and the missing-model factors of the
+observed entries stay exact, and the sum of the missing factors over a row's n_unobserved unobserved entries is
+replaced by n_unobserved / m times their sum over m unobserved columns drawn uniformly with replacement; decoder
+parameters are computed at those entries only, so no (B, K, p) tensor is formed. The scaled sum is an unbiased
+estimate of the missing term for each z_k, but inside the log-mean-exp it no longer gives an exact lower bound on
+log p(x_o, s): log-sum-exp is convex in the K estimates, so on average the estimated L_K lies at or above the exact
+one (equal for K = 1) and may exceed log p(x_o, s). It is a training objective only: `sample`, which inference
+calls and whose `params` it reads, is always exact. The MIWAE (MCAR missing model) has no missing term, so its
+bound is exact at that cost anyway: its decoder runs at the observed entries (and, in `sample` with targets, at
+the targets) and nowhere else.
+"""
 
 from __future__ import annotations
 
@@ -51,18 +63,8 @@ class NotMIWAE(nn.Module):
     quadrature for the Gaussian one. Both give lower bounds on log p(x_o, s); the integrated one is
     an IWAE bound on z alone, so it is at least as tight in expectation and its weights are less noisy.
 
-    unobserved_samples=m (per-feature or MCAR missing models) makes `bound` cheap for large catalogues:
-    log p(x_o|z_k) and the missing-model factors of the observed entries stay exact, and the sum of
-    the missing factors over a row's n_unobserved unobserved entries is replaced by n_unobserved / m
-    times their sum over m unobserved columns drawn uniformly with replacement; decoder parameters are
-    computed at those entries only, so no (B, K, p) tensor is formed. The scaled sum is an unbiased
-    estimate of the missing term for each z_k, but inside the log-mean-exp it no longer gives an exact
-    lower bound on log p(x_o, s): log-sum-exp is convex in the K estimates, so on average the estimated
-    L_K lies at or above the exact one (equal for K = 1) and may exceed log p(x_o, s). It is a training
-    objective only: `sample`, which inference calls and whose `params` it reads, is always exact.
-
-    The MIWAE (MCAR missing model) has no missing term, so its bound is exact at that cost anyway: its
-    decoder runs at the observed entries (and, in `sample` with targets, at the targets) and nowhere else.
+    unobserved_samples=m makes `bound` cheap for large catalogues (the module docstring says how, and what it
+    costs the bound).
 
     row_offset (a `RowOffset`) adds a per-row shift a(z_k) to every selection logit: p(s | x, z).
     """
