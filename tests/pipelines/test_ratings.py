@@ -363,22 +363,22 @@ def test_cli_test_users_must_be_some_of_the_users(tmp_path, capsys, value):
     assert f"--test-users must lie in 1..2000 (--users), got {value}" in capsys.readouterr().err
 
 
-def _write_yahoo_format(directory: Path, data) -> None:
-    """Write `data`'s train and test in the published Yahoo! R3 format: user<TAB>song<TAB>rating, 1-based
-    ids, CRLF line ends."""
+def _write_yahoo_format(directory: Path, data) -> Path:
+    """Write `data`'s train and test into a new folder `directory` in the published Yahoo! R3 format:
+    user<TAB>song<TAB>rating, 1-based ids, CRLF line ends."""
+    directory.mkdir()
     for name, matrix in ((YAHOO_TRAIN, data.train), (YAHOO_TEST, data.test)):
         coo = matrix.tocoo()
         lines = (f"{u + 1}\t{i + 1}\t{int(r)}\r\n" for u, i, r in zip(coo.row, coo.col, coo.data))
         (directory / name).write_bytes("".join(lines).encode())
+    return directory
 
 
 def test_cli_runs_the_comparison_on_yahoo_files(tmp_path, capsys):
     """`mnar-recsys ratings --data yahoo --data-dir DIR` on files in the real format (simulated ratings) is all
     it takes: every model is scored on the same MCAR entries, those outside MF-IPS's 5% sample."""
     data = load_data(RatingsRun(users=200, items=40, selection="race", test_users=80))
-    files = tmp_path / "yahoo"
-    files.mkdir()
-    _write_yahoo_format(files, data)
+    files = _write_yahoo_format(tmp_path / "yahoo", data)
     out = tmp_path / "run"
     with pytest.warns(ChecksumWarning):
         code = main(["ratings", "--data", "yahoo", "--data-dir", str(files), "--models", "notmiwae-gaussian,mf,mf-ips",
@@ -433,9 +433,7 @@ def test_the_papers_table_is_one_command_on_yahoo_files(tmp_path, capsys):
     """`mnar-recsys ratings --data yahoo --data-dir DIR --models paper` runs every row of the paper's Yahoo! R3
     table the package has, on files in the real format, and prints each row's published number beside ours."""
     data = load_data(RatingsRun(users=300, items=60, selection="race", test_users=120))
-    files = tmp_path / "yahoo"
-    files.mkdir()
-    _write_yahoo_format(files, data)
+    files = _write_yahoo_format(tmp_path / "yahoo", data)
     out = tmp_path / "run"
     with pytest.warns(ChecksumWarning):
         code = main(["ratings", "--data", "yahoo", "--data-dir", str(files), "--models", "paper", "--iterations", "20",
