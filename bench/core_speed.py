@@ -37,13 +37,13 @@ import torch.nn.functional as F
 from isolation import isolated, peak_rss_mib  # bench/, on the path when this script runs
 from mnar_recsys.data.rows import as_rows
 from mnar_recsys.inference.importance import DEFAULT_CHUNK_ENTRIES, ImportanceConfig, impute
-from mnar_recsys.models import quadrature
 from mnar_recsys.models.config import ModelConfig, build_model
-from mnar_recsys.models.quadrature import (
+from mnar_recsys.models.integrated import gaussian_affine
+from mnar_recsys.models.integrated.categorical import (
     log_expected_sigmoid_categorical,
     masked_log_expected_sigmoid_categorical_sum,
-    masked_log_expected_sigmoid_sum,
 )
+from mnar_recsys.models.integrated.gaussian_affine import masked_log_expected_sigmoid_sum
 from mnar_recsys.training.trainer import TrainConfig, fit
 
 USERS, ITEMS, PER_ROW, TEST_USERS, TEST_ITEMS = 15_400, 1_000, 20, 5_400, 10
@@ -111,9 +111,9 @@ def missing_term_seconds(mode: str, repeats: int = 20) -> dict:
     mask and sum; 'composed': the compiled elementwise kernel with the rest around it; 'eager': the
     elementwise kernel's eager node loop."""
     if mode != "fused":  # this process only: `isolated` runs each call in its own
-        quadrature._fusable = lambda *args: False
+        gaussian_affine._fusable = lambda *args: False
     if mode == "eager":
-        quadrature._compiled_node_sums.eager = True
+        gaussian_affine._compiled_node_sums.eager = True
     generator = torch.Generator().manual_seed(0)
     loc = (1 + 4 * torch.rand(100, 20, ITEMS, generator=generator)).requires_grad_()
     keep = (torch.rand(100, 1, ITEMS, generator=generator) > PER_ROW / ITEMS).float()

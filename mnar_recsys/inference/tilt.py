@@ -8,16 +8,10 @@ bound integrates on), its CDF for the conditional median, and draws for multiple
 
 Discrete decoders sum their levels exactly. A Gaussian decoder's CDF and draws integrate on the probability
 scale u = Φ((x - c) / scale), with Gauss-Legendre panels graded geometrically towards the point where the
-selection logit changes sign: a steep missing process is a near step in u there. For a selection logit affine in
-x the tilted density is log-concave and no wider than the decoder's Gaussian, and c is its mode: the integrand,
-the tilted density over the Gaussian of the scale, is then largest at c and falls off at least as fast, and the
-scale's ends, 6 scales from c, lose nothing. Other logits (level-wise) keep c at the decoder's mean, where the
-integrand is Pr(s | x) itself, unless their mode lies more than 3 scales out. One eight-node rule over the
-whole line had put the tilted CDF's limit at 0.43 for a slope of 20 and the median at the end of its bracket
-(8.0, exact 1.83); centred at the decoder's mean, the scale lost a posterior the mask pushes into the decoder's
-tail (slope 3 and threshold 7 in decoder scales: median 2.27, exact 3.00; slope 20, threshold 8.5: median -8.0,
-exact 8.53) and graded its panels away from one pushed less far (slope 2, threshold 6: median 1.80, exact
-2.00), which a logit that is not affine still does.
+selection logit changes sign (a steep missing process is a near step in u there), c the tilt's mode for an affine
+logit (the tilted density is then log-concave and no wider than the decoder's Gaussian) and the decoder's mean
+otherwise, unless the mode lies more than 3 scales out. Any other integrable decoder is tilted on its own
+quadrature nodes, a discrete approximation. docs/inference.md has the cases that chose this scheme.
 """
 
 from __future__ import annotations
@@ -82,23 +76,25 @@ class Posterior:
         self.cols, self.offset = cols, offset
         self.tilted = tilt_applies(model)
         self.sign = (2 * observed - 1)[:, None, :]
-        self.discrete = getattr(self.decoder, "support", None) is not None
+        # a discrete decoder's nodes are its levels, exactly; other continuous decoders than the Gaussian are
+        # tilted on their quadrature nodes
+        self.on_nodes = self.decoder.family != "gaussian"
         if not self.tilted:
             return
-        if self.discrete:
-            levels, log_w = self.decoder.quadrature(params)
-            self.levels = levels
-            mass = log_w.exp() * torch.sigmoid(self._signed_logits(levels, nodes=True))
-            self.level_probs = mass / mass.sum(-1, keepdim=True)
+        if self.on_nodes:
+            nodes, log_w = self.decoder.quadrature(params)
+            self.nodes = nodes
+            mass = log_w.exp() * torch.sigmoid(self._signed_logits(nodes, nodes=True))
+            self.node_probs = mass / mass.sum(-1, keepdim=True)
             return
         # float64: the split and the panels resolve u near 0 and 1, beyond float32's spacing there
-        loc, scale = (t.double() for t in params)
+        loc, scale = params[0].double(), self.decoder.scale(params).double()
         self.loc, self.scale = loc, scale
         # an affine logit's tilt is log-concave: its scale is centred at the one mode. Any other keeps the
         # decoder's, on which the integrand is Pr(s | x) itself, bounded whatever the tilt's shape (a level-wise
         # logit that is not monotone can make two modes, and a scale centred at one resolves the other badly),
         # unless the mode lies far out
-        if model.missing_model.affine:
+        if model.missing_model.logit_form == "affine":
             self.centre = self._affine_mode()
         else:
             mode = self._searched_mode()
@@ -205,26 +201,35 @@ class Posterior:
     def centres(self) -> torch.Tensor:
         """Each entry's centre, (B, K, T): that of a tilted Gaussian's probability scale (its mode, or the
         decoder mean where the scale stays there), else the decoder mean."""
-        if self.tilted and not self.discrete:
+        if self.tilted and not self.on_nodes:
             return self.centre.to(self.dtype)
         return self.decoder.mean(self.params)
+
+    def bracket(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per entry (B, K, T), an interval holding all of its posterior's mass that matters for a median: the
+        nodes' range where the tilt lies on nodes, else the centre ± 8 decoder scales (a tilted component is no
+        wider than its decoder)."""
+        if self.tilted and self.on_nodes:
+            return self.nodes.amin(-1), self.nodes.amax(-1)
+        centres, spread = self.centres(), 8 * self.decoder.scale(self.params)
+        return centres - spread, centres + spread
 
     def cdf(self, x: torch.Tensor) -> torch.Tensor:
         """The CDF of each entry's posterior at x, (B, K, T)."""
         if not self.tilted:
             return self.decoder.cdf(self.params, x)
-        if self.discrete:
-            return (self.level_probs * (self.levels <= x[..., None])).sum(-1)
+        if self.on_nodes:
+            return (self.node_probs * (self.nodes <= x[..., None])).sum(-1)
         return self._mass_below(self._probability(x.double()).clamp(_U_EDGE, 1 - _U_EDGE)).to(x.dtype)
 
     def sample(self) -> torch.Tensor:
         """One draw per entry, (B, K, T): by inverting the tilted CDF (exact for discrete decoders)."""
         if not self.tilted:
             return self.decoder.sample(self.params)
-        if self.discrete:
-            flat = self.level_probs.reshape(-1, self.level_probs.shape[-1])
-            picks = torch.multinomial(flat, 1).reshape(self.level_probs.shape[:-1])
-            return self.decoder.support[picks]
+        if self.on_nodes:
+            flat = self.node_probs.reshape(-1, self.node_probs.shape[-1])
+            picks = torch.multinomial(flat, 1).reshape(self.node_probs.shape[:-1])
+            return self.nodes.gather(-1, picks[..., None])[..., 0]
         target = torch.rand_like(self.loc) * self.total
         index = (target[..., None] >= self.cumulative[..., 1:-1]).sum(-1)  # the panel holding the target mass
         lo, before = self._panel_start(index)
@@ -252,12 +257,10 @@ def mixture_median(model: NotMIWAE, alpha: torch.Tensor, params: Params, cols: t
         cdf = torch.stack([mixture_cdf(torch.full(cols.shape, float(level), device=cols.device))
                            for level in support], dim=-1)
         return support[(cdf < 0.5 - 1e-6).sum(-1).clamp(max=len(support) - 1)]
-    # bracket: the components' centres (their means, for symmetric components, or their tilted modes), widened
-    # by a few scales; a tilted component is no wider than its decoder's
-    centres = posterior.centres().masked_fill(alpha[:, :, None] <= 0, float("nan"))
-    spread = 8 * params[1].amax(1) if len(params) > 1 else 0.0
-    lo = torch.nan_to_num(centres, nan=float("inf")).amin(1) - spread
-    hi = torch.nan_to_num(centres, nan=float("-inf")).amax(1) + spread
+    # bracket: the union of the components' brackets, over those with weight
+    lo, hi = (end.masked_fill(alpha[:, :, None] <= 0, float("nan")) for end in posterior.bracket())
+    lo = torch.nan_to_num(lo, nan=float("inf")).amin(1)
+    hi = torch.nan_to_num(hi, nan=float("-inf")).amax(1)
     for _ in range(iterations):
         mid = 0.5 * (lo + hi)
         below = mixture_cdf(mid) < 0.5

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from numbers import Real
 
@@ -15,9 +16,24 @@ from mnar_recsys.models.notmiwae import NotMIWAE
 ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh}
 ENCODERS = ("mlp", "set", "conv")
 INITS = ("torch", "glorot")
-DECODERS = ("gaussian", "linear", "categorical", "bernoulli", "student-t", "conv-gaussian")
-MISSING_MODELS = ("mcar", "self-masking", "self-masking-known", "itemwise", "levelwise", "agnostic", "nonlinear",
-                  "fixed-logistic")
+#: missing model name -> the function that builds it from a config; `register_missing_model` adds one
+MISSING_MODELS: dict[str, Callable[["ModelConfig"], missing.MissingModel]] = {
+    "mcar": lambda cfg: missing.MCAR(),
+    "self-masking": lambda cfg: missing.SelfMasking(cfg.n_features),
+    "self-masking-known": lambda cfg: missing.SelfMaskingKnownSign(cfg.n_features, sign=cfg.missing_sign),
+    "itemwise": lambda cfg: missing.ItemwiseLogistic(cfg.n_features, sign=cfg.missing_sign),
+    "levelwise": lambda cfg: missing.LevelwiseLogistic(cfg.n_features, levels=cfg.levels),
+    "agnostic": lambda cfg: missing.Agnostic(cfg.n_features),
+    "nonlinear": lambda cfg: missing.Nonlinear(cfg.n_features, cfg.missing_hidden),
+    "fixed-logistic": lambda cfg: missing.FixedLogistic(cfg.fixed_weight, cfg.fixed_offset),
+}
+
+
+def register_missing_model(name: str, build: Callable[["ModelConfig"], missing.MissingModel]) -> None:
+    """Make `ModelConfig(missing=name)` build `build(config)`; the name must be new."""
+    if name in MISSING_MODELS:
+        raise ValueError(f"a missing model named {name!r} is already registered")
+    MISSING_MODELS[name] = build
 
 
 @dataclass
@@ -75,7 +91,7 @@ class ModelConfig:
     init: str = "torch"
 
     def __post_init__(self) -> None:
-        for name, allowed in (("encoder", ENCODERS), ("decoder", DECODERS), ("missing", MISSING_MODELS),
+        for name, allowed in (("encoder", ENCODERS), ("decoder", tuple(DECODERS)), ("missing", tuple(MISSING_MODELS)),
                               ("activation", tuple(ACTIVATIONS)), ("init", INITS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
@@ -120,41 +136,44 @@ def build_encoder(cfg: ModelConfig) -> nn.Module:
     return encoders.ConvEncoder(cfg.n_features, cfg.latent_dim, cfg.conv_channels)
 
 
+def _conv_gaussian(cfg: ModelConfig) -> decoders.GaussianDecoder:
+    mean_net = decoders.ConvMeanNet(cfg.latent_dim, cfg.n_features, cfg.conv_channels[::-1])  # mirrors the encoder
+    return decoders.GaussianDecoder(cfg.latent_dim, cfg.n_features, squash=cfg.squash, variance=cfg.variance,
+                                    min_variance=cfg.min_variance, quadrature_points=cfg.quadrature_points,
+                                    mean_net=mean_net)
+
+
+#: decoder name -> the function that builds it from a config; `register_decoder` adds one
+DECODERS: dict[str, Callable[[ModelConfig], decoders.ObservationModel]] = {
+    "gaussian": lambda cfg: decoders.GaussianDecoder(
+        cfg.latent_dim, cfg.n_features, cfg.decoder_hidden, ACTIVATIONS[cfg.activation], cfg.squash, cfg.variance,
+        cfg.min_variance, cfg.quadrature_points),
+    "linear": lambda cfg: decoders.linear_gaussian_decoder(cfg.latent_dim, cfg.n_features, cfg.min_variance,
+                                                           cfg.quadrature_points),
+    "categorical": lambda cfg: decoders.CategoricalDecoder(cfg.latent_dim, cfg.n_features, cfg.levels,
+                                                           cfg.decoder_hidden, ACTIVATIONS[cfg.activation],
+                                                           cfg.temperature),
+    "bernoulli": lambda cfg: decoders.BernoulliDecoder(cfg.latent_dim, cfg.n_features, cfg.decoder_hidden,
+                                                       ACTIVATIONS[cfg.activation], cfg.temperature),
+    "student-t": lambda cfg: decoders.StudentTDecoder(cfg.latent_dim, cfg.n_features, cfg.decoder_hidden,
+                                                      ACTIVATIONS[cfg.activation]),
+    "conv-gaussian": _conv_gaussian,
+}
+
+
+def register_decoder(name: str, build: Callable[[ModelConfig], decoders.ObservationModel]) -> None:
+    """Make `ModelConfig(decoder=name)` build `build(config)`; the name must be new."""
+    if name in DECODERS:
+        raise ValueError(f"a decoder named {name!r} is already registered")
+    DECODERS[name] = build
+
+
 def build_decoder(cfg: ModelConfig) -> decoders.ObservationModel:
-    act, d, p = ACTIVATIONS[cfg.activation], cfg.latent_dim, cfg.n_features
-    if cfg.decoder == "gaussian":
-        return decoders.GaussianDecoder(d, p, cfg.decoder_hidden, act, cfg.squash, cfg.variance, cfg.min_variance,
-                                        cfg.quadrature_points)
-    if cfg.decoder == "linear":
-        return decoders.linear_gaussian_decoder(d, p, cfg.min_variance, cfg.quadrature_points)
-    if cfg.decoder == "categorical":
-        return decoders.CategoricalDecoder(d, p, cfg.levels, cfg.decoder_hidden, act, cfg.temperature)
-    if cfg.decoder == "bernoulli":
-        return decoders.BernoulliDecoder(d, p, cfg.decoder_hidden, act, cfg.temperature)
-    if cfg.decoder == "student-t":
-        return decoders.StudentTDecoder(d, p, cfg.decoder_hidden, act)
-    mean_net = decoders.ConvMeanNet(d, p, cfg.conv_channels[::-1])  # mirrors the encoder
-    return decoders.GaussianDecoder(d, p, squash=cfg.squash, variance=cfg.variance, min_variance=cfg.min_variance,
-                                    quadrature_points=cfg.quadrature_points, mean_net=mean_net)
+    return DECODERS[cfg.decoder](cfg)
 
 
 def build_missing_model(cfg: ModelConfig) -> missing.MissingModel:
-    p = cfg.n_features
-    if cfg.missing == "mcar":
-        return missing.MCAR()
-    if cfg.missing == "self-masking":
-        return missing.SelfMasking(p)
-    if cfg.missing == "self-masking-known":
-        return missing.SelfMaskingKnownSign(p, sign=cfg.missing_sign)
-    if cfg.missing == "itemwise":
-        return missing.ItemwiseLogistic(p, sign=cfg.missing_sign)
-    if cfg.missing == "levelwise":
-        return missing.LevelwiseLogistic(p, levels=cfg.levels)
-    if cfg.missing == "agnostic":
-        return missing.Agnostic(p)
-    if cfg.missing == "nonlinear":
-        return missing.Nonlinear(p, cfg.missing_hidden)
-    return missing.FixedLogistic(cfg.fixed_weight, cfg.fixed_offset)
+    return MISSING_MODELS[cfg.missing](cfg)
 
 
 def glorot_init(model: NotMIWAE) -> NotMIWAE:

@@ -19,7 +19,7 @@ from torch import nn
 
 from mnar_recsys.models.encoders import mlp
 from mnar_recsys.models.gather import take
-from mnar_recsys.models.quadrature import gauss_hermite
+from mnar_recsys.models.integrated.base import gauss_hermite
 
 Params = tuple[torch.Tensor, ...]
 
@@ -61,10 +61,14 @@ class ObservationModel(nn.Module):
     """Common interface; subclasses implement the distribution-specific parts.
 
     Discrete models also hold a buffer `support`, their sorted levels. `integrable` models have
-    `quadrature` nodes, over which x_m can be integrated out of a per-feature missing model.
+    `quadrature` nodes, over which x_m can be integrated out of a per-feature missing model; their `family`
+    picks a faster kernel where one is registered (`models.integrated`). A 'gaussian' decoder's parameters are
+    (loc, scale), with `shared_scale` and `quadrature_points`; a 'categorical' one's are level logits.
     """
 
     integrable: bool = False
+    #: the distribution's name, which keys the integrated factor's kernels and the tilted posterior
+    family: str | None = None
 
     def forward_entries(self, z: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> Params:
         """The parameters at entries (rows[n], cols[n]) for z of shape (B, K, d): each tensor (n, K, ...).
@@ -95,6 +99,10 @@ class ObservationModel(nn.Module):
     def cdf(self, params: Params, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError(f"{type(self).__name__} has no CDF: the conditional median is not available")
 
+    def scale(self, params: Params) -> torch.Tensor:
+        """A scale per entry, which brackets the conditional median's search (decoders with a CDF)."""
+        raise NotImplementedError(f"{type(self).__name__} has no scale to bracket the conditional median with")
+
     @property
     def has_cdf(self) -> bool:
         """Whether the decoder gives its CDF, which the conditional median needs."""
@@ -117,6 +125,7 @@ class GaussianDecoder(ObservationModel):
     `min_variance`. `mean_net`, when given, replaces the dense trunk and mean head (e.g. a conv net).
     """
 
+    family = "gaussian"
     integrable = True
 
     def __init__(self, latent_dim: int, n_features: int, hidden: tuple[int, ...] = (128, 128),
@@ -210,6 +219,9 @@ class GaussianDecoder(ObservationModel):
         loc, scale = params
         return 0.5 * (1 + torch.erf((x - loc) / (scale * math.sqrt(2.0))))
 
+    def scale(self, params: Params) -> torch.Tensor:
+        return params[1]
+
     def quadrature(self, params: Params) -> tuple[torch.Tensor, torch.Tensor]:
         loc, scale = params
         nodes = loc[..., None] + scale[..., None] * self.gh_nodes
@@ -239,6 +251,7 @@ class CategoricalDecoder(ObservationModel):
     which is what the missing model sees.
     """
 
+    family = "categorical"
     integrable = True
 
     def __init__(self, latent_dim: int, n_features: int, levels: tuple[int, int] = (1, 5),
@@ -308,6 +321,7 @@ class CategoricalDecoder(ObservationModel):
 class BernoulliDecoder(ObservationModel):
     """Bernoulli p(x_j | z) on {0, 1}; samples are binary-concrete relaxations at `temperature`."""
 
+    family = "bernoulli"
     integrable = True
 
     def __init__(self, latent_dim: int, n_features: int, hidden: tuple[int, ...] = (128, 128),
@@ -357,6 +371,8 @@ class BernoulliDecoder(ObservationModel):
 
 class StudentTDecoder(ObservationModel):
     """Student-t p(x_j | z) with per-row location and scale and a per-feature degrees of freedom (> 1)."""
+
+    family = "student-t"
 
     def __init__(self, latent_dim: int, n_features: int, hidden: tuple[int, ...] = (128, 128),
                  activation: type[nn.Module] = nn.Tanh, min_scale: float = 1e-2):

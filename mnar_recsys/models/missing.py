@@ -4,9 +4,9 @@
 scores a mask (1 = observed) with them.
 Per-feature models (`per_feature = True`) compute logit_j from x_j alone through
 `feature_logits(x, features)`, elementwise with `features` giving each value's feature index; that is
-what lets the model integrate x_m out feature by feature. Those marked `affine` have logits affine in
-x_j (`feature_affine`), which gives the Gaussian decoder a fast quadrature; `LevelwiseLogistic` has a
-fused loop of its own, and `FixedFunction` goes through the decoder's generic quadrature nodes.
+what lets the model integrate x_m out feature by feature. Their `logit_form` names the logit's shape, which
+picks the integrated factor's kernel (`models.integrated`): 'affine' (`feature_affine`), 'piecewise-linear'
+(`LevelwiseLogistic`), or None, integrated on the decoder's own quadrature nodes (`FixedFunction`).
 """
 
 from __future__ import annotations
@@ -40,14 +40,15 @@ class MissingModel(nn.Module):
 
     A model whose logit_j depends on x_j alone sets `per_feature` and implements `feature_logits(x, features)`
     (elementwise, `features` giving each value's column); x_m can then be integrated out over the decoder's
-    quadrature nodes, and where the logit is affine in x_j, `affine` and `feature_affine` give the Gaussian
-    decoder's fast path. A model that couples features overrides `logits(x)` on completed rows, and x_m is
-    sampled. `initialise` (optional) starts the parameters from the observed fractions.
+    quadrature nodes, and its `logit_form` picks a faster kernel where one is registered (`models.integrated`):
+    'affine' with `feature_affine`, for one. A model that couples features overrides `logits(x)` on completed
+    rows, and x_m is sampled. `initialise` (optional) starts the parameters from the observed fractions.
     """
 
     per_feature: bool = False
-    #: True when logit_j is affine in x_j and `feature_affine` gives it (the Gaussian decoder's fast path)
-    affine: bool = False
+    #: the shape of a per-feature logit, which keys the integrated factor's kernel: 'affine' when logit_j is
+    #: affine in x_j and `feature_affine` gives it, 'piecewise-linear' for `LevelwiseLogistic`'s, None for others
+    logit_form: str | None = None
     #: True for the MCAR model, whose factor is dropped from the bound (the MIWAE)
     is_mcar: bool = False
 
@@ -87,7 +88,7 @@ class SelfMasking(MissingModel):
     """
 
     per_feature = True
-    affine = True
+    logit_form = "affine"
 
     def __init__(self, n_features: int):
         super().__init__()
@@ -109,7 +110,7 @@ class SelfMaskingKnownSign(MissingModel):
     """
 
     per_feature = True
-    affine = True
+    logit_form = "affine"
 
     def __init__(self, n_features: int, sign: int):
         super().__init__()
@@ -136,7 +137,7 @@ class ItemwiseLogistic(MissingModel):
     """
 
     per_feature = True
-    affine = True
+    logit_form = "affine"
 
     def __init__(self, n_features: int, sign: int | None = 1, initial_weight: float = 0.5):
         super().__init__()
@@ -172,6 +173,7 @@ class LevelwiseLogistic(MissingModel):
     """
 
     per_feature = True
+    logit_form = "piecewise-linear"
 
     def __init__(self, n_features: int, levels: tuple[int, int] = (1, 5), initial_weight: float = 0.5):
         super().__init__()
@@ -263,7 +265,7 @@ class FixedLogistic(MissingModel):
     """A known, fixed missing process logit_j = weight · (x_j - offset), e.g. SVHN clipping (-50, 0.75)."""
 
     per_feature = True
-    affine = True
+    logit_form = "affine"
 
     def __init__(self, weight: float = -50.0, offset: float = 0.75):
         super().__init__()

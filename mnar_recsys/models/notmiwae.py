@@ -27,16 +27,10 @@ from mnar_recsys.checks import is_positive_integer
 from mnar_recsys.data.rows import RowBatch, RowSource, as_rows
 from mnar_recsys.devices import cpu_normal
 from mnar_recsys.models.bound import BoundTerms, importance_weighted_bound
-from mnar_recsys.models.decoders import CategoricalDecoder, GaussianDecoder, ObservationModel, Params
+from mnar_recsys.models.decoders import ObservationModel, Params
 from mnar_recsys.models.gather import sum_by_row, take
-from mnar_recsys.models.missing import LevelwiseLogistic, MissingModel, RowOffset, bernoulli_log_prob
-from mnar_recsys.models.quadrature import (
-    log_expected_sigmoid,
-    log_expected_sigmoid_categorical,
-    log_expected_sigmoid_piecewise,
-    masked_log_expected_sigmoid_categorical_sum,
-    masked_log_expected_sigmoid_sum,
-)
+from mnar_recsys.models.integrated import IntegratedFactor, factor_for
+from mnar_recsys.models.missing import MissingModel, RowOffset, bernoulli_log_prob
 from mnar_recsys.models.unobserved import UnobservedDraw, draw_unobserved
 
 MISSING_FACTORS = ("sampled", "integrated")
@@ -100,13 +94,13 @@ class NotMIWAE(nn.Module):
         z, log_pz, log_qz = self._latent(batch, n_samples)
         if self.missing_model.is_mcar and targets is not None:
             observed, at_targets = self._at_observed_and_targets(batch, z, targets)
-            terms = BoundTerms(self._log_px_entries(batch, observed), z.new_zeros(z.shape[:2]), log_pz, log_qz)
+            terms = BoundTerms(self._sum_log_px_obs(batch, observed), z.new_zeros(z.shape[:2]), log_pz, log_qz)
             return Samples(z, at_targets, terms, None, None)
         params = self.decoder(z)
         offset = self._row_offset(z)
         completed = self.complete(batch, params)
-        terms = BoundTerms(self.log_px_obs(batch, params), self.log_ps(batch, params, offset, completed), log_pz,
-                           log_qz)
+        terms = BoundTerms(self.log_px_obs_from_params(batch, params), self.log_ps(batch, params, offset, completed),
+                           log_pz, log_qz)
         if targets is not None:
             params = _at_columns(params, targets)
             completed = None if completed is None else _at_columns((completed,), targets)[0]
@@ -125,7 +119,7 @@ class NotMIWAE(nn.Module):
         if not self.missing_model.is_mcar:
             return self.sample(batch, n_samples).terms
         z, log_pz, log_qz = self._latent(batch, n_samples)
-        return BoundTerms(self._log_px_observed(batch, z), z.new_zeros(z.shape[:2]), log_pz, log_qz)
+        return BoundTerms(self._log_px_obs_from_z(batch, z), z.new_zeros(z.shape[:2]), log_pz, log_qz)
 
     def forward(self, batch: RowBatch, n_samples: int) -> torch.Tensor:
         """The bound, so that DistributedDataParallel's forward hooks see the training computation."""
@@ -152,7 +146,7 @@ class NotMIWAE(nn.Module):
         if self.unobserved_samples is None:
             raise ValueError("subsampling needs unobserved_samples to be set on the model")
         if self.missing_model.is_mcar:
-            return self._log_px_observed(batch, z), z.new_zeros(z.shape[:2])
+            return self._log_px_obs_from_z(batch, z), z.new_zeros(z.shape[:2])
         draw = draw_unobserved(batch, self.unobserved_samples)
         offset = self._row_offset(z)
         params = self.decoder.forward_entries(z, torch.cat([batch.obs_row, draw.rows]),
@@ -160,7 +154,7 @@ class NotMIWAE(nn.Module):
         n_observed = batch.obs_row.numel()
         observed = tuple(t[:n_observed] for t in params)
         unobserved = tuple(t[n_observed:] for t in params)
-        return self._log_px_entries(batch, observed), self._subsampled_log_ps(batch, draw, unobserved, offset)
+        return self._sum_log_px_obs(batch, observed), self._subsampled_log_ps(batch, draw, unobserved, offset)
 
     def _latent(self, batch: RowBatch, n_samples: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """z ~ q(z | x_o), K per row, with log p(z) and log q(z | x_o): (B, K, d), (B, K), (B, K)."""
@@ -180,13 +174,14 @@ class NotMIWAE(nn.Module):
         """The rows' logit shifts a(z_k), (B, K), or None without a row offset."""
         return None if self.row_offset is None else self.row_offset(z)
 
-    def log_px_obs(self, batch: RowBatch, params: Params) -> torch.Tensor:
-        """Σ_{j observed} log p(x_j | z_k), computed on the observed entries only: (B, K)."""
-        return self._log_px_entries(batch, self.decoder.at_entries(params, batch.obs_row, batch.obs_col))
+    def log_px_obs_from_params(self, batch: RowBatch, params: Params) -> torch.Tensor:
+        """Σ_{j observed} log p(x_j | z_k) from the decoder's full parameters (B, K, p, ...), read at the observed
+        entries: (B, K)."""
+        return self._sum_log_px_obs(batch, self.decoder.at_entries(params, batch.obs_row, batch.obs_col))
 
-    def _log_px_observed(self, batch: RowBatch, z: torch.Tensor) -> torch.Tensor:
-        """Σ_{j observed} log p(x_j | z_k) with the decoder computed at the observed entries only: (B, K)."""
-        return self._log_px_entries(batch, self.decoder.forward_entries(z, batch.obs_row, batch.obs_col))
+    def _log_px_obs_from_z(self, batch: RowBatch, z: torch.Tensor) -> torch.Tensor:
+        """Σ_{j observed} log p(x_j | z_k) from z (B, K, d), the decoder run at the observed entries only: (B, K)."""
+        return self._sum_log_px_obs(batch, self.decoder.forward_entries(z, batch.obs_row, batch.obs_col))
 
     def _at_observed_and_targets(self, batch: RowBatch, z: torch.Tensor,
                                  targets: torch.Tensor) -> tuple[Params, Params]:
@@ -200,7 +195,7 @@ class NotMIWAE(nn.Module):
         return (tuple(t[:n_observed] for t in params),
                 tuple(t[n_observed:].view(n_rows, width, *t.shape[1:]).movedim(1, 2) for t in params))
 
-    def _log_px_entries(self, batch: RowBatch, observed: Params) -> torch.Tensor:
+    def _sum_log_px_obs(self, batch: RowBatch, observed: Params) -> torch.Tensor:
         """Σ_{j observed} log p(x_j | z_k) from the parameters at the observed entries (nnz, K, ...): (B, K)."""
         per_entry = self.decoder.log_prob(observed, batch.obs_value[:, None])
         return sum_by_row(per_entry, batch.obs_row, batch.n_rows)
@@ -233,33 +228,15 @@ class NotMIWAE(nn.Module):
         return self._log_ps_observed(batch, offset) + self._log_ps_missing(params, 1 - mask,
                                                                           None if offset is None else offset[..., None])
 
+    @property
+    def integrated_factor(self) -> IntegratedFactor:
+        """The plug-in that integrates x_m out, chosen by the decoder's family and the missing model's logit form
+        (`models.integrated`)."""
+        return factor_for(self.decoder, self.missing_model)
+
     def _log_ps_missing(self, params: Params, keep: torch.Tensor, offset: torch.Tensor | None) -> torch.Tensor:
         """Σ_j keep_j log Pr(s_j = 0 | z), integrated, over all features: (B, K). `offset` (B, K, 1) or None."""
-        affine = self._affine_gaussian(params)
-        if affine is not None:
-            loc, slope, intercept, sd = affine
-            return masked_log_expected_sigmoid_sum(loc, slope, intercept, sd, keep, offset,
-                                                   self.decoder.quadrature_points)
-        if isinstance(self.decoder, CategoricalDecoder):
-            features = torch.arange(self.n_features, device=params[0].device)
-            return masked_log_expected_sigmoid_categorical_sum(params[0], self._selection(features), keep, offset)
-        return (keep * self.log_prob_missing(params, offset=offset)).sum(-1)
-
-    def _selection(self, features: torch.Tensor) -> torch.Tensor:
-        """The missing model's logit at each level of a discrete decoder, for the given features: (..., C)."""
-        return self.missing_model.feature_logits(self.decoder.support, features[..., None])
-
-    def _affine_gaussian(self, params: Params,
-                         features: torch.Tensor | None = None) -> tuple[torch.Tensor, ...] | None:
-        """(loc, slope, intercept, the logit's sd) where a Gaussian decoder meets a missing model with affine
-        logits, so that u_j = slope_j x_j + intercept_j is Gaussian given z; else None."""
-        if not (isinstance(self.decoder, GaussianDecoder) and self.missing_model.affine):
-            return None
-        if features is None:
-            features = torch.arange(self.n_features, device=params[0].device)
-        scale = self.decoder.shared_scale(features)
-        slope, intercept = self.missing_model.feature_affine(features)
-        return params[0], slope, intercept, slope.abs() * (params[1] if scale is None else scale)
+        return self.integrated_factor.masked_sum(self.decoder, self.missing_model, params, keep, offset)
 
     def _log_ps_observed(self, batch: RowBatch, offset: torch.Tensor | None) -> torch.Tensor:
         """Σ_{j observed} log Pr(s_j = 1 | x_j) for a per-feature missing model: (B, 1), or (B, K) with an offset."""
@@ -284,37 +261,14 @@ class NotMIWAE(nn.Module):
 
     def log_prob_missing(self, params: Params, features: torch.Tensor | None = None,
                          offset: torch.Tensor | None = None) -> torch.Tensor:
-        """log Pr(s_j = 0 | z) = log E_{p(x_j|z)}[Pr(s_j = 0 | x_j)] per feature, by quadrature.
+        """log Pr(s_j = 0 | z) = log E_{p(x_j|z)}[Pr(s_j = 0 | x_j)] per feature, integrated.
 
         `features` gives the feature index of each entry of params (default: the last axis is all features);
         `offset`, broadcastable to the parameters' shape, shifts the logits (the row offset).
         """
-        decoder, model = self.decoder, self.missing_model
         if features is None:
             features = torch.arange(self.n_features, device=params[0].device)
-        affine = self._affine_gaussian(params, features)
-        if affine is not None:
-            loc, slope, intercept, sd = affine
-            mean = slope * loc + intercept
-            return log_expected_sigmoid(mean if offset is None else mean + offset, sd, decoder.quadrature_points)
-        if isinstance(decoder, GaussianDecoder) and isinstance(model, LevelwiseLogistic):
-            loc, scale = params[0], decoder.shared_scale(features)
-            if scale is None:  # per-row variances
-                scale = params[1]
-            bias = take(model.bias, features)
-            intercept = bias if offset is None else bias + offset
-            return log_expected_sigmoid_piecewise(loc, scale, model.level_logits(), intercept, model.lo,
-                                                  decoder.quadrature_points)
-        if isinstance(decoder, CategoricalDecoder):
-            return log_expected_sigmoid_categorical(params[0], self._selection(features), offset)
-        nodes, log_w = decoder.quadrature(params)
-        support = getattr(decoder, "support", None)
-        if support is not None and features.dim() <= 1:
-            nodes = support  # discrete nodes do not depend on z: score them once per (feature, level)
-        logits = model.feature_logits(nodes, features[..., None])
-        if offset is not None:
-            logits = logits + offset[..., None]
-        return torch.logsumexp(log_w + F.logsigmoid(-logits), dim=-1)
+        return self.integrated_factor.log_prob_missing(self.decoder, self.missing_model, params, features, offset)
 
 
 def _at_columns(tensors: tuple[torch.Tensor, ...], cols: torch.Tensor) -> tuple[torch.Tensor, ...]:

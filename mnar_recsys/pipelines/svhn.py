@@ -125,7 +125,7 @@ def model_config(missing: str, side: int, config: SVHNConfig) -> ModelConfig:
     return ModelConfig(n_features=side * side, latent_dim=20, activation="relu", encoder="conv",
                        conv_channels=config.channels(), decoder="conv-gaussian", squash=(0.0, 1.0),
                        variance="shared", min_variance=0.02, missing=missing, fixed_weight=W, fixed_offset=B,
-                       missing_factor="sampled")  # slope 50: too steep for Gauss-Hermite (models/quadrature.py)
+                       missing_factor="sampled")  # slope 50: too steep for Gauss-Hermite (docs/inference.md)
 
 
 def refit_encoder(model: NotMIWAE, complete: np.ndarray, train: TrainConfig) -> NotMIWAE:

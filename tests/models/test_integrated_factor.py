@@ -11,15 +11,14 @@ import torch.nn.functional as F
 from scipy.special import ndtri
 
 from mnar_recsys.data.rows import as_rows
-from mnar_recsys.models import quadrature
 from mnar_recsys.models.config import ModelConfig, build_model
-from mnar_recsys.models.quadrature import (
-    gauss_hermite,
-    log_expected_sigmoid,
+from mnar_recsys.models.integrated import categorical, gaussian_affine
+from mnar_recsys.models.integrated.base import gauss_hermite
+from mnar_recsys.models.integrated.categorical import (
     log_expected_sigmoid_categorical,
     masked_log_expected_sigmoid_categorical_sum,
-    masked_log_expected_sigmoid_sum,
 )
+from mnar_recsys.models.integrated.gaussian_affine import log_expected_sigmoid, masked_log_expected_sigmoid_sum
 
 
 def self_masking_model(decoder: str, n_features: int = 6, slopes: tuple[float, float] = (-1.5, 1.5),
@@ -68,9 +67,9 @@ def test_gaussian_kernel_in_row_blocks_is_the_plain_node_sum_in_value_and_gradie
     """The Gauss-Hermite loop runs over blocks of rows (to stay in cache); with one row per block or one
     block in all, with sd per feature or per entry, compiled or eager, it gives log Σ_h ω_h σ(-(m + sd t_h))
     and its autograd gradient, in float64."""
-    monkeypatch.setattr(quadrature, "_BLOCK_ENTRIES", block_entries)
+    monkeypatch.setattr(gaussian_affine, "_BLOCK_ENTRIES", block_entries)
     if not compiled:
-        monkeypatch.setattr(quadrature._compiled_node_sums, "eager", True)
+        monkeypatch.setattr(gaussian_affine._compiled_node_sums, "eager", True)
     generator = torch.Generator().manual_seed(0)
     mean = torch.randn(5, 3, 4, generator=generator, dtype=torch.float64).requires_grad_()
     sd = (0.2 + torch.rand(sd_shape, generator=generator, dtype=torch.float64)).requires_grad_()
@@ -155,10 +154,10 @@ def _masked_level_sum(mean: torch.Tensor, sd: torch.Tensor) -> torch.Tensor:
                                                        torch.stack([sd, -sd, 3 * sd], -1), keep)
 
 
-@pytest.mark.parametrize("kernel, compiled", [(log_expected_sigmoid, "_compiled_node_sums"),
-                                              (_masked_sum, "_compiled_masked_sums"),
-                                              (_masked_level_sum, "_compiled_level_sums")])
-def test_compiled_kernels_run_eagerly_with_a_warning_once_compiling_fails(monkeypatch, kernel, compiled):
+@pytest.mark.parametrize("kernel, module, compiled", [(log_expected_sigmoid, gaussian_affine, "_compiled_node_sums"),
+                                                      (_masked_sum, gaussian_affine, "_compiled_masked_sums"),
+                                                      (_masked_level_sum, categorical, "_compiled_level_sums")])
+def test_compiled_kernels_run_eagerly_with_a_warning_once_compiling_fails(monkeypatch, kernel, module, compiled):
     """Without a working C++ compiler what torch.compile returns raises BackendCompilerFailed when called: the
     kernel warns once, gives the same values from the eager loop, and does not try to compile again."""
     calls = []
@@ -169,8 +168,8 @@ def test_compiled_kernels_run_eagerly_with_a_warning_once_compiling_fails(monkey
 
     mean, sd = torch.randn(6, 3, 4, dtype=torch.float64), 0.2 + torch.rand(4, dtype=torch.float64)
     expected = kernel(mean, sd)
-    monkeypatch.setattr(getattr(quadrature, compiled), "compiled", failing)
-    monkeypatch.setattr(getattr(quadrature, compiled), "eager", False)  # restored afterwards: later tests compile
+    monkeypatch.setattr(getattr(module, compiled), "compiled", failing)
+    monkeypatch.setattr(getattr(module, compiled), "eager", False)  # restored afterwards: later tests compile
     with pytest.warns(RuntimeWarning, match="could not build the quadrature kernel.*runs eagerly"):
         first = kernel(mean, sd)
     second = kernel(mean, sd)
@@ -182,8 +181,9 @@ def test_compiled_kernels_run_eagerly_with_a_warning_once_compiling_fails(monkey
 def test_the_command_line_starts_without_loading_torch_compile():
     """Importing torch.compile's machinery takes seconds, so the command line (whose parser imports every
     pipeline, and so the models) leaves it unloaded: a kernel is compiled at its first call."""
-    script = ("import sys; from mnar_recsys.cli import build_parser; from mnar_recsys.models import quadrature; "
-              "build_parser(); print('torch._dynamo' in sys.modules, quadrature._compiled_node_sums.compiled)")
+    script = ("import sys; from mnar_recsys.cli import build_parser; "
+              "from mnar_recsys.models.integrated import gaussian_affine; build_parser(); "
+              "print('torch._dynamo' in sys.modules, gaussian_affine._compiled_node_sums.compiled)")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert result.stdout.split() == ["False", "None"]
 
@@ -364,11 +364,11 @@ def test_gaussian_kernel_skips_the_derivatives_under_no_grad(monkeypatch):
     reports needs_input_grad there: the kernel must ask for no derivatives, and give the same values."""
     asked = []
 
-    def spy(*tensors, _kernel=quadrature._compiled_node_sums, **constants):
+    def spy(*tensors, _kernel=gaussian_affine._compiled_node_sums, **constants):
         asked.append(constants["needs_grad"])
         return _kernel(*tensors, **constants)
 
-    monkeypatch.setattr(quadrature, "_compiled_node_sums", spy)
+    monkeypatch.setattr(gaussian_affine, "_compiled_node_sums", spy)
     generator = torch.Generator().manual_seed(0)
     mean = torch.randn(5, 3, 4, generator=generator, requires_grad=True)
     sd = (0.2 + torch.rand(4, generator=generator)).requires_grad_()

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 
 from mnar_recsys.data.rows import as_rows
 from mnar_recsys.models.config import ModelConfig, build_model
+from mnar_recsys.models.integrated.gaussian_piecewise import log_expected_sigmoid_piecewise
 from mnar_recsys.models.missing import LevelwiseLogistic
-from mnar_recsys.models.quadrature import log_expected_sigmoid_piecewise
 
 LEVEL_LOGITS = (-1.0, -1.5, 0.0, 1.0, 2.5)  # convex and not monotone, like the selection on Yahoo!
 
