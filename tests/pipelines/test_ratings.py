@@ -18,7 +18,11 @@ from mnar_recsys.data.yahoo import TRAIN_FILE as YAHOO_TRAIN
 from mnar_recsys.devices import resolve_device
 from mnar_recsys.evaluation.protocol import fit_and_score, mcar_split
 from mnar_recsys.pipelines import ratings as ratings_pipeline
-from mnar_recsys.pipelines.ratings import RatingsRun, build, load_data, uses_mcar_sample
+from mnar_recsys.pipelines import ratings_config
+from mnar_recsys.pipelines.ratings import build
+from mnar_recsys.pipelines.ratings_config import RatingsRun, uses_mcar_sample
+from mnar_recsys.pipelines.ratings_data import load_data
+from mnar_recsys.pipelines.ratings_report import summary_table
 
 REQUIRED = {"model", "seed", "mse", "mae", "ndcg@5", "per_rating", "train_seconds", "predict_seconds", "n_test",
             "config", "provenance"}
@@ -32,7 +36,7 @@ def test_cli_writes_results_table_and_plots(tmp_path, capsys):
     code = main(["ratings", "--users", "300", "--items", "60", "--selection", "race", "--iterations", "20",
                  "--importance-samples", "20",
                  "--seeds", "0,1", "--models", "notmiwae-gaussian,mf,mf-ips,train-mean,oracle",
-                 "--estimator-k", "10,20", "--out", str(out), "--no-progress"])
+                 "--out", str(out), "--no-progress"])
     assert code == 0
     assert sorted(p.name for p in out.iterdir()) == ["per_rating_mse.png", "predictions_histogram.png",
                                                      "results.json", "results.md",
@@ -52,10 +56,6 @@ def test_cli_writes_results_table_and_plots(tmp_path, capsys):
     for record in results["records"]:
         by_seed.setdefault(record["seed"], set()).add(record["n_test"])
     assert all(len(n) == 1 for n in by_seed.values())  # every model of a seed scored on the same entries
-    assert {(r["missing_factor"], r["k"]) for r in results["estimator_k"]} == {
-        ("sampled", 10), ("sampled", 20), ("integrated", 10), ("integrated", 20)}
-    assert all(1 <= r["ess"] <= r["k"] for r in results["estimator_k"])
-    assert "ESS (mean over users)" in (out / "results.md").read_text()
     printed = capsys.readouterr().out
     assert "| notmiwae-gaussian | MNAR | 2 |" in printed and "| oracle | reference | 2 |" in printed
     assert ("| mf-ips | MNAR + 5% MCAR | 2 |" in printed
@@ -64,7 +64,7 @@ def test_cli_writes_results_table_and_plots(tmp_path, capsys):
 
 
 def test_the_protocol_sets_what_is_left_unset():
-    quick, paper = ratings_pipeline.PROTOCOLS["quick"], ratings_pipeline.PROTOCOLS["paper"]
+    quick, paper = ratings_config.PROTOCOLS["quick"], ratings_config.PROTOCOLS["paper"]
     run = RatingsRun()
     assert (run.protocol, run.iterations, run.lr, run.seeds) == ("quick", quick["iterations"], quick["lr"],
                                                                  quick["seeds"])
@@ -76,12 +76,12 @@ def test_the_protocol_sets_what_is_left_unset():
 
 def test_model_sets_expand_in_place_and_keep_each_model_once():
     paper = RatingsRun(models=("paper",)).models
-    assert paper[-1] == "oracle" and all(ratings_pipeline.published(name) is not None for name in paper[:-1])
+    assert paper[-1] == "oracle" and all(ratings_config.published(name) is not None for name in paper[:-1])
     assert {"notmiwae-gaussian", "miwae-categorical", "mf", "pmf", "autorec", "mf-ips"} <= set(paper)
     assert "mf-dr" not in paper and "oracle" not in RatingsRun(data="coat", data_dir="x", models=("paper",)).models
     assert RatingsRun(models=("mf-dr", "paper", "mf")).models == ("mf-dr", *paper)
     default = RatingsRun().models
-    assert default == (*ratings_pipeline.DEFAULT_MODELS, "oracle") and "train-mean" in default
+    assert default == (*ratings_config.DEFAULT_MODELS, "oracle") and "train-mean" in default
     with pytest.raises(ValueError, match="--models names mf more than once"):
         RatingsRun(models=("mf", "paper", "mf"))
 
@@ -91,11 +91,11 @@ def test_the_table_sorts_methods_by_mse_and_puts_reference_rows_last():
         return {"model": model, "mse": mse, "mae": 0.5, "ndcg@5": 0.8, "train_seconds": 1.0, "predict_seconds": 0.1}
     records = [record("mf", 1.9), record("oracle", 0.4), record("mf-ips", 1.0), record("train-mean", 2.3),
                record("notmiwae-gaussian", 0.9), record("mf", 2.1)]
-    table = ratings_pipeline.summary_table(records).splitlines()
+    table = summary_table(records).splitlines()
     assert [line.split(" | ")[0][2:] for line in table[2:]] == ["notmiwae-gaussian", "mf-ips", "mf", "oracle",
                                                                 "train-mean"]
     assert table[4].startswith("| mf | MNAR | 2 | 2.000 ± 0.141 |")
-    published = ratings_pipeline.summary_table(records, with_published=True).splitlines()
+    published = summary_table(records, with_published=True).splitlines()
     assert published[0].endswith("| paper (Yahoo! R3) |") and published[2].endswith("| 0.939 |")
     assert published[5].endswith("| |") or published[5].endswith("|  |")
 
@@ -109,8 +109,6 @@ def test_cli_refuses_bad_requests(tmp_path, capsys):
     assert "--models names mf more than once" in capsys.readouterr().err
     assert main(["ratings", "--seeds", "0,1,0", "--out", str(tmp_path)]) == 2
     assert "--seeds names 0 more than once" in capsys.readouterr().err
-    assert main(["ratings", "--estimator-k", "10,10", "--out", str(tmp_path)]) == 2
-    assert "--estimator-k names 10 more than once" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("arguments, message", [
@@ -126,7 +124,6 @@ def test_cli_refuses_bad_requests(tmp_path, capsys):
     (["--models", "mf,mf-dr-given"], "mf-dr-given takes the propensities Coat ships with: use it with --data coat"),
     (["--items", "20"], "--users 2000 --items 20: the simulator refuses them (n_items (20) must exceed"),
     (["--models", ","], "expected comma-separated model names, got ','"),
-    (["--models", "mf", "--estimator-k", "10"], "--estimator-k re-imputes notmiwae-gaussian: add it to --models"),
     (["--jobs", "2", "--threads", "2"], "the --jobs workers take one thread each"),
     (["--data", "coat", "--data-dir", "/nonexistent", "--users", "100", "--selection", "independent"],
      "--users, --selection set(s) the simulator, which --data coat does not use"),
@@ -293,8 +290,8 @@ def test_ratings_runs_data_parallel_under_torchrun(tmp_path):
 
 def test_worker_processes_give_the_records_of_a_one_process_run(tmp_path, capsys):
     """--jobs 2 shares the (seed, model) runs out to spawned one-thread workers: the same records, in the
-    same order, with the same numbers as one thread here, and the estimator study comes back from them."""
-    options = ["--iterations", "10", "--seeds", "0,1", "--models", "notmiwae-gaussian,mf,oracle", "--estimator-k", "10"]
+    same order, with the same numbers as one thread here."""
+    options = ["--iterations", "10", "--seeds", "0,1", "--models", "notmiwae-gaussian,mf,oracle"]
     assert small_run(tmp_path / "one", *options) == 0
     assert small_run(tmp_path / "two", *options, "--jobs", "2") == 0
     one, two = (json.loads((tmp_path / name / "results.json").read_text()) for name in ("one", "two"))
@@ -302,7 +299,6 @@ def test_worker_processes_give_the_records_of_a_one_process_run(tmp_path, capsys
     assert [(r["seed"], r["model"]) for r in two["records"]] == [(r["seed"], r["model"]) for r in one["records"]]
     assert [r["mse"] for r in two["records"]] == [r["mse"] for r in one["records"]]
     assert one["records"][0]["mse"] != one["records"][3]["mse"]  # the seeds differ, so the comparison has teeth
-    assert [(r["seed"], r["mse"]) for r in two["estimator_k"]] == [(r["seed"], r["mse"]) for r in one["estimator_k"]]
     assert {p.name for p in (tmp_path / "two").iterdir()} == {p.name for p in (tmp_path / "one").iterdir()}
     assert main(["ratings", "--jobs", "0", "--out", str(tmp_path / "bad")]) == 2
     assert "--jobs must be at least 1" in capsys.readouterr().err
@@ -324,7 +320,7 @@ def test_cli_unobserved_samples_is_recorded(tmp_path, capsys):
     assert record["config"]["run"]["backend"] is None  # no process group: one process
     assert "7 unobserved items per user" in (out / "results.md").read_text()
     assert main(["ratings", "--unobserved-samples", "0", "--out", str(tmp_path)]) == 2
-    assert "--unobserved-samples must be at least 1" in capsys.readouterr().err
+    assert "--unobserved-samples must be a positive integer, got 0" in capsys.readouterr().err
 
 
 def test_baseline_records_keep_their_propensity_settings_and_the_constants_value(tmp_path):
@@ -347,12 +343,16 @@ def test_baseline_records_keep_their_propensity_settings_and_the_constants_value
     assert records["mf-ips"]["run"]["mcar_sample_fraction"] == 0.05
 
 
-@pytest.mark.parametrize("option", ["--iterations", "--batch-size", "--importance-samples", "--users", "--items"])
-def test_cli_counts_below_one_are_refused_before_any_work(tmp_path, capsys, option):
-    """Named by their option, before the data is read or made (here: Coat files that are not there)."""
+@pytest.mark.parametrize("option, refusal", [("--iterations", "a positive integer"),
+                                             ("--batch-size", "a positive integer"),
+                                             ("--importance-samples", "a positive integer"),
+                                             ("--users", "at least 1"), ("--items", "at least 1")])
+def test_cli_counts_below_one_are_refused_before_any_work(tmp_path, capsys, option, refusal):
+    """Named by their option, before the data is read or made (here: Coat files that are not there); the
+    not-MIWAE's counts in the words of TrainConfig and ImportanceConfig, which check them."""
     code = main(["ratings", "--data", "coat", "--data-dir", str(tmp_path / "none"), option, "0",
                  "--out", str(tmp_path / "bad")])
-    assert code == 2 and f"{option} must be at least 1, got 0" in capsys.readouterr().err
+    assert code == 2 and f"{option} must be {refusal}, got 0" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
 
 
@@ -440,9 +440,10 @@ def test_the_papers_table_is_one_command_on_yahoo_files(tmp_path, capsys):
                      "--importance-samples", "20", "--out", str(out), "--no-progress"])
     assert code == 0
     records = json.loads((out / "results.json").read_text())["records"]
-    paper = ratings_pipeline.model_set("paper", "yahoo")
+    paper = ratings_config.model_set("paper", "yahoo")
     assert [r["model"] for r in records] == list(paper) and len(paper) == 16
     printed = capsys.readouterr().out
     for name in paper:
-        assert f"| {ratings_pipeline.published(name):.3f} |" in next(line for line in printed.splitlines()
+        assert f"| {ratings_config.published(name):.3f} |" in next(line for line in printed.splitlines()
                                                                      if line.startswith(f"| {name} |"))
+
