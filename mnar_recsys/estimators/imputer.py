@@ -43,8 +43,10 @@ from mnar_recsys.checks.dense import column_name, non_numeric_error, pandas_miss
 from mnar_recsys.devices import resolve_device
 from mnar_recsys.inference import importance
 from mnar_recsys.models.config import ModelConfig, build_missing_model, build_model
+from mnar_recsys.models.notmiwae import NotMIWAE
 from mnar_recsys.training.seeds import seeded
-from mnar_recsys.training.trainer import TrainConfig, TrainingDiverged, fit
+from mnar_recsys.training.stacked import fit_stacked, stackable
+from mnar_recsys.training.trainer import History, TrainConfig, TrainingDiverged, fit
 
 DECODERS = ("gaussian", "linear")
 MISSING = ("mcar", "agnostic", "self-masking", "self-masking-known")
@@ -143,6 +145,13 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
             raise
 
     def _fit(self, X) -> "NotMIWAEImputer":
+        standardized, mean, scale, config = self._prepare(X)
+        starts = self._starts(config)
+        self._keep_best(_train(starts, standardized), standardized, mean, scale)
+        return self
+
+    def _prepare(self, X) -> tuple[np.ndarray, np.ndarray, np.ndarray, ModelConfig]:
+        """Validate X and every setting before any training: (X standardised, its mean, its scale, the model)."""
         X = self._validate(X, reset=True)
         empty = np.flatnonzero(np.isnan(X).all(axis=0))
         if empty.size:
@@ -152,26 +161,28 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
         config = self.model_config(X.shape[1])
         self._importance_config(seed=0)  # refuses bad importance settings here, not after training
         check_positive_integer("n_init", self.n_init)
-        train = TrainConfig(iterations=self.iterations, batch_size=self.batch_size, n_samples=self.n_samples,
-                            lr=self.lr, device=self.device, progress=self.progress)
-        # the fitted attributes are set together at the end: a failed refit leaves the last fit whole
         mean, scale = standardisation(X, "NotMIWAEImputer", self.standardize)
-        standardized = (X - mean) / scale
+        return (X - mean) / scale, mean, scale, config
+
+    def _starts(self, config: ModelConfig) -> list[tuple[int, ModelConfig, TrainConfig]]:
+        """One (seed, model config, training config) per start, the seeds drawn from random_state."""
         rng = check_random_state(self.random_state)
+        seeds = [int(rng.randint(2 ** 31 - 1)) for _ in range(self.n_init)]
+        return [(seed, config, TrainConfig(iterations=self.iterations, batch_size=self.batch_size,
+                                           n_samples=self.n_samples, lr=self.lr, seed=seed, device=self.device,
+                                           progress=self.progress)) for seed in seeds]
+
+    def _keep_best(self, trained: list[tuple[NotMIWAE, "History | TrainingDiverged", int]],
+                   standardized: np.ndarray, mean: np.ndarray, scale: np.ndarray) -> None:
+        """Set the fitted attributes from this estimator's trained starts: the one whose rows score highest."""
         scores = None if self.n_init == 1 else []
         best_score, best = -np.inf, None
-        for _ in range(self.n_init):
-            seed = int(rng.randint(2 ** 31 - 1))
-            train.seed = seed
-            with seeded(seed, resolve_device(self.device)):  # initialisation; `fit` seeds its own streams
-                model = build_model(config)
-                try:
-                    history = fit(model, standardized, train)
-                except TrainingDiverged:
-                    if scores is None or (best is None and len(scores) == self.n_init - 1):
-                        raise  # one fit only, or the last of starts that all diverged
-                    scores.append(float("nan"))  # one of several starts diverged: the others may not
-                    continue
+        for model, history, seed in trained:
+            if isinstance(history, TrainingDiverged):
+                if scores is None or (best is None and len(scores) == self.n_init - 1):
+                    raise history  # one fit only, or the last of starts that all diverged
+                scores.append(float("nan"))  # one of several starts diverged: the others may not
+                continue
             score = -np.inf
             if scores is not None:
                 score = self._mean_log_likelihood(model, seed, standardized)
@@ -180,9 +191,9 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
             if best is None or score > best_score:
                 best = model, history, seed
             best_score = max(best_score, score)
+        # the fitted attributes are set together at the end: a failed refit leaves the last fit whole
         self.mean_, self.scale_, self.init_scores_ = mean, scale, scores
         self.model_, self.history_, self.seed_ = best
-        return self
 
     def _importance_config(self, seed: int) -> importance.ImportanceConfig:
         return importance.ImportanceConfig(n_samples=self.importance_samples, seed=seed, device=self.device,
@@ -221,3 +232,48 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
         check_is_fitted(self)
         X = self._validate(X_complete, reset=False)
         return importance.mask_accuracy(self.model_, (X - self.mean_) / self.scale_, mask)
+
+
+def _build(seed: int, config: ModelConfig, device: str) -> NotMIWAE:
+    with seeded(seed, resolve_device(device)):  # the initialisation; training seeds its own streams
+        return build_model(config)
+
+
+def _train(starts: list[tuple[int, ModelConfig, TrainConfig]],
+           standardized: np.ndarray) -> list[tuple[NotMIWAE, "History | TrainingDiverged", int]]:
+    """Each start trained: (model, its history or the TrainingDiverged it raised, seed). Several starts of one
+    architecture that the stacked pass has train as one stacked fit, each equal to its own fit up to rounding;
+    should one diverge there, all train one by one, so that the others are kept as `fit` keeps them."""
+    models = [_build(seed, config, train.device) for seed, config, train in starts]
+    configs = [train for _, _, train in starts]
+    if len(starts) > 1 and stackable(models, configs):
+        try:
+            with seeded(0, resolve_device(configs[0].device)):  # the caller's random state as it was
+                histories = fit_stacked(models, standardized, configs)
+            return [(model, history, seed) for model, history, (seed, _, _) in zip(models, histories, starts)]
+        except TrainingDiverged:
+            models = [_build(seed, config, train.device) for seed, config, train in starts]
+    trained = []
+    for model, (seed, _, train) in zip(models, starts):
+        try:
+            with seeded(seed, resolve_device(train.device)):
+                trained.append((model, fit(model, standardized, train), seed))
+        except TrainingDiverged as error:
+            trained.append((model, error, seed))
+    return trained
+
+
+def fit_imputers(imputers: list[NotMIWAEImputer], X: ArrayLike) -> list[NotMIWAEImputer]:
+    """Fit each imputer on X as its `fit` does. Imputers that differ in `random_state` alone train together, all
+    their starts as one stacked fit where the architecture allows it (`training.stacked`): runs of one model
+    from several seeds, as `uci --runs` fits them."""
+    params = [{k: v for k, v in imputer.get_params().items() if k != "random_state"} for imputer in imputers]
+    if len(imputers) < 2 or any(p != params[0] for p in params):
+        return [imputer.fit(X) for imputer in imputers]
+    prepared = [imputer._prepare(X) for imputer in imputers]
+    starts = [imputer._starts(config) for imputer, (_, _, _, config) in zip(imputers, prepared)]
+    trained = _train([start for own in starts for start in own], prepared[0][0])
+    for index, (imputer, (standardized, mean, scale, _)) in enumerate(zip(imputers, prepared)):
+        n = imputer.n_init
+        imputer._keep_best(trained[index * n:(index + 1) * n], standardized, mean, scale)
+    return imputers

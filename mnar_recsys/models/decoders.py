@@ -161,18 +161,18 @@ class GaussianDecoder(ObservationModel):
     def forward(self, z: torch.Tensor) -> Params:
         if self.variance != "per_row":
             # shared variances are computed once per feature and broadcast, not once per (row, sample)
-            loc = self._squashed(self.mean_net(z))
+            loc = self.squash_mean(self.mean_net(z))
             return loc, self.shared_scale().expand_as(loc)
         h = self.trunk(z)  # once for both heads
-        return self._squashed(self.mean_head(h)), self._scale(self.var_head(h))
+        return self.squash_mean(self.mean_head(h)), self.scale_of(self.var_head(h))
 
     def forward_entries(self, z: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> Params:
         if self.mean_head is None:
             return super().forward_entries(z, rows, cols)
         h = self.trunk(z)
-        loc = self._squashed(linear_at_entries(self.mean_head, h, rows, cols[:, None])[..., 0])
+        loc = self.squash_mean(linear_at_entries(self.mean_head, h, rows, cols[:, None])[..., 0])
         if self.variance == "per_row":
-            scale = self._scale(linear_at_entries(self.var_head, h, rows, cols[:, None])[..., 0])
+            scale = self.scale_of(linear_at_entries(self.var_head, h, rows, cols[:, None])[..., 0])
         else:
             scale = self.shared_scale(cols)[..., None]
         return loc, scale.expand_as(loc)
@@ -192,16 +192,18 @@ class GaussianDecoder(ObservationModel):
         """
         if self.variance == "per_row":
             return None
-        return self._scale(self.raw_var if features is None or self.variance == "isotropic"
+        return self.scale_of(self.raw_var if features is None or self.variance == "isotropic"
                            else take(self.raw_var, features))
 
-    def _squashed(self, loc: torch.Tensor) -> torch.Tensor:
+    def squash_mean(self, loc: torch.Tensor) -> torch.Tensor:
+        """The mean head's output mapped into `squash` (unchanged without one)."""
         if self.squash is None:
             return loc
         lo, hi = self.squash
         return lo + (hi - lo) * torch.sigmoid(loc)
 
-    def _scale(self, raw: torch.Tensor) -> torch.Tensor:
+    def scale_of(self, raw: torch.Tensor) -> torch.Tensor:
+        """The sd from the variance's raw parameter or head output, floored at `min_variance`."""
         return torch.sqrt(F.softplus(raw) + self.min_variance)
 
     def log_prob(self, params: Params, x: torch.Tensor) -> torch.Tensor:

@@ -16,18 +16,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from sklearn.base import BaseEstimator
 
 from baselines.dense_imputers import DENSE_IMPUTERS, make_dense_imputer
 from mnar_recsys.data.amputation import apply_mask, paper_self_masking, standardize
 from mnar_recsys.data.uci import UCI_DATASETS, UCI_NAMES, load_uci, paper_dataset
 from mnar_recsys.devices import resolve_device
-from mnar_recsys.estimators.imputer import NotMIWAEImputer
+from mnar_recsys.estimators.imputer import NotMIWAEImputer, fit_imputers
 from mnar_recsys.evaluation import plots
 from mnar_recsys.evaluation.metrics import imputation_rmse
 from mnar_recsys.evaluation.reports import markdown_table, summarise
 from mnar_recsys.inference.importance import SAMPLED_IMPUTATIONS, check_sampled_imputation
 from mnar_recsys.io import provenance, remove_previous, write_atomic, write_json
+from mnar_recsys.models.config import build_model
 from mnar_recsys.pipelines.arguments import (
     add_config_options,
     check_counts,
@@ -40,6 +42,8 @@ from mnar_recsys.pipelines.arguments import (
 )
 from mnar_recsys.pipelines.output_lock import holds_output
 from mnar_recsys.pipelines.workers import run_tasks, threads_per_run
+from mnar_recsys.training.seeds import seeded
+from mnar_recsys.training.stacked import unsupported_reason
 
 OUTPUTS = ("results.json", "results.md", "rmse.png")
 
@@ -136,11 +140,46 @@ def masked_dataset(data: np.ndarray, offset: float) -> tuple[np.ndarray, np.ndar
 def run_one(dataset: str, model: str, complete: np.ndarray, mask: np.ndarray, masked: np.ndarray, run: int,
             config: UCIConfig, progress: bool = False) -> dict[str, Any]:
     """Fit and score one model on one data set for one run; return its results record."""
-    seed = config.seed + run
-    imputer = make_imputer(model, config, seed, progress)
+    imputer = make_imputer(model, config, config.seed + run, progress)
     start = time.perf_counter()
     imputed = imputer.fit(masked).transform(masked)
-    seconds = time.perf_counter() - start
+    return _record(dataset, model, complete, mask, masked, run, config, imputer, imputed,
+                   time.perf_counter() - start, 1)
+
+
+def run_runs(dataset: str, model: str, complete: np.ndarray, mask: np.ndarray, masked: np.ndarray,
+             runs: tuple[int, ...], config: UCIConfig, progress: bool = False) -> list[dict[str, Any]]:
+    """The records of `runs` of one model on one data set: one stacked fit of them all where `stacks` says
+    so (each run's parameters its single fit's, up to rounding), else one `run_one` each."""
+    if len(runs) < 2 or not stacks(model, config, masked.shape[1]):
+        return [run_one(dataset, model, complete, mask, masked, run, config, progress) for run in runs]
+    imputers = [make_imputer(model, config, config.seed + run, progress) for run in runs]
+    start = time.perf_counter()
+    fit_imputers(imputers, masked)
+    share = (time.perf_counter() - start) / len(runs)  # each run's share of the stacked fit
+    records = []
+    for run, imputer in zip(runs, imputers):
+        start = time.perf_counter()
+        imputed = imputer.transform(masked)
+        records.append(_record(dataset, model, complete, mask, masked, run, config, imputer, imputed,
+                               share + time.perf_counter() - start, len(runs)))
+    return records
+
+
+def stacks(model: str, config: UCIConfig, n_features: int) -> bool:
+    """Whether the runs of `model` train as one stacked fit: a neural model fit once a run (n_init 1) whose
+    architecture the stacked pass has (`training.stacked`; the agnostic models', x_m sampled, it has not)."""
+    if model not in NEURAL_MODELS or config.n_init != 1:
+        return False
+    with seeded(0, torch.device("cpu")):  # a throwaway model, which must not move the caller's random state
+        probe = build_model(make_imputer(model, config, 0).model_config(n_features))
+    return unsupported_reason(probe) is None
+
+
+def _record(dataset: str, model: str, complete: np.ndarray, mask: np.ndarray, masked: np.ndarray, run: int,
+            config: UCIConfig, imputer: BaseEstimator, imputed: np.ndarray, seconds: float,
+            stacked_runs: int) -> dict[str, Any]:
+    """The results record of one fitted run; `stacked_runs`: how many runs its fit trained at once."""
     accuracy = log_likelihood = scores = None
     if model in NEURAL_MODELS:
         # the fit's own measure of itself, known without the truth: it compares runs of one model. With
@@ -151,9 +190,9 @@ def run_one(dataset: str, model: str, complete: np.ndarray, mask: np.ndarray, ma
         if NEURAL_MODELS[model][1] != "mcar":
             accuracy = imputer.mask_accuracy(complete, mask)
     model_config = imputer.model_config(complete.shape[1]).to_dict() if model in NEURAL_MODELS else None
-    return {"dataset": dataset, "model": model, "run": run, "seed": seed,
+    return {"dataset": dataset, "model": model, "run": run, "seed": config.seed + run,
             "rmse": imputation_rmse(complete, imputed, mask), "mask_accuracy": accuracy,
-            "log_likelihood": log_likelihood, "init_scores": scores, "seconds": seconds,
+            "log_likelihood": log_likelihood, "init_scores": scores, "seconds": seconds, "stacked_runs": stacked_runs,
             "n_rows": complete.shape[0], "n_features": complete.shape[1], "missing_rate": float(1 - mask.mean()),
             "config": {"protocol": asdict(config), "estimator": imputer.get_params(), "model": model_config}}
 
@@ -222,11 +261,13 @@ def results_markdown(records: list[dict[str, Any]], protocol: dict[str, Any]) ->
 @holds_output("out", OUTPUTS)
 def run_uci(datasets: list[str], models: list[str], config: UCIConfig, out: Path,
             data_dir: str | None = None, jobs: int = 1, progress: bool = False) -> list[dict[str, Any]]:
-    """Run every (data set, model, run), rewriting results.json after each so a long run can be followed.
+    """Run every (data set, model, run), rewriting results.json after each task so a long run can be followed.
 
-    With `jobs` > 1 the runs go to that many worker processes of one thread each (a run of 16-row
-    batches gains little from a second thread, and much from a second core). A run's seeds do not depend
-    on where it runs; its numbers may still differ from a one-process run in the last bits of rounding.
+    The runs of a neural model that `stacks` train as one stacked fit (one task), each run's parameters its
+    single fit's up to rounding; the other runs are a task each. With `jobs` > 1 the tasks go to that many
+    worker processes of one thread each (a run of 16-row batches gains little from a second thread, and much
+    from a second core). A run's seeds do not depend on where it runs; its numbers may still differ from a
+    one-process run in the last bits of rounding.
     `progress` shows each run's progress bars in a one-process run (workers' bars would overwrite each other).
     """
     unknown = sorted(set(models) - set(MODELS))
@@ -242,14 +283,20 @@ def run_uci(datasets: list[str], models: list[str], config: UCIConfig, out: Path
             "device_used": str(resolve_device(config.device)), "threads": threads_per_run(jobs), "complete": False}
     keys = [(name, model, run) for name in data for model in models for run in range(config.runs)]
     order = {key: position for position, key in enumerate(keys)}
-    tasks = [(name, model, *data[name], run, config, progress and jobs == 1) for name, model, run in keys]
+    tasks = []
+    for name in data:
+        for model in models:  # a task: all runs of a (data set, model) that fit stacked, or one run
+            together = config.runs > 1 and stacks(model, config, data[name][0].shape[1])
+            groups = [tuple(range(config.runs))] if together else [(run,) for run in range(config.runs)]
+            tasks += [(name, model, *data[name], runs, config, progress and jobs == 1) for runs in groups]
     records: list[dict[str, Any]] = []
-    for _, record in run_tasks(run_one, tasks, jobs):
+    for _, task_records in run_tasks(run_runs, tasks, jobs):
         if not records:  # an earlier run's files stay until this run has a record to replace them
             remove_previous(out, OUTPUTS)
-        records.append(record)
-        print(f"{record['dataset']:9s} {record['model']:34s} run {record['run']}: RMSE {record['rmse']:.3f} "
-              f"({record['seconds']:.0f} s)", flush=True)
+        for record in task_records:
+            records.append(record)
+            print(f"{record['dataset']:9s} {record['model']:34s} run {record['run']}: RMSE {record['rmse']:.3f} "
+                  f"({record['seconds']:.0f} s)", flush=True)
         records.sort(key=lambda r: order[r["dataset"], r["model"], r["run"]])
         write_json(out / "results.json", {**meta, "records": records})
     write_atomic(out / "results.md", results_markdown(records, asdict(config)))

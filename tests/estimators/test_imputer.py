@@ -129,6 +129,8 @@ def test_n_init_passes_over_a_start_that_diverges(self_masked, monkeypatch):
             raise TrainingDiverged("training diverged at iteration 3")
         return fit(model, data, config)
     monkeypatch.setattr(imputer_module, "fit", diverging)
+    # the starts one by one, as after a stacked fit diverges (tests/estimators/test_imputer_stacked.py)
+    monkeypatch.setattr(imputer_module, "stackable", lambda models, configs: False)
     diverged = {1}
     imputer = NotMIWAEImputer(**{**TINY, "n_init": 2}).fit(Xm)
     assert np.isnan(imputer.init_scores_[0]) and np.isfinite(imputer.init_scores_[1]) and imputer.seed_ == calls[1]

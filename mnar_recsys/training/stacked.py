@@ -1,0 +1,340 @@
+"""Many fits in one: R runs of one (not-)MIWAE architecture trained as one vectorised model.
+
+The runs' parameters are stacked along a leading axis (`torch.func.stack_module_state`), every dense layer is
+one batched product for all runs, and one fused Adam step updates them all. Each run keeps what `fit` gives it:
+its split and batch order (numpy streams 0 and 1 of its seed), its noise (torch seeded by `step_seed` before
+each draw, as `fit` seeds it), its held-out selection and its history, so that its parameters equal its single
+fit's up to float rounding. The stacked pass replaces the models' forward: what it supports is spelt out here.
+
+Supported (the dense UCI models, `unsupported_reason` says why another is not): an MLP encoder; a Gaussian
+decoder with a dense trunk (the 'gaussian' and the PPCA-like 'linear' decoders, any variance and squash);
+the MCAR missing model (the MIWAE) or a per-feature missing model with an affine logit ('self-masking',
+'self-masking-known', 'itemwise') and x_m integrated out; no row offset, no subsampled missing term; dense
+layers with tanh or ReLU between them; one process. A new configuration adds its pass to `_StackedModel`
+and its case to `unsupported_reason`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import fields
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, stack_module_state, vmap
+from tqdm.auto import tqdm
+
+from mnar_recsys.data.rows import RowSource
+from mnar_recsys.devices import cpu_normal, resolve_device
+from mnar_recsys.models.bound import importance_weighted_bound
+from mnar_recsys.models.decoders import GaussianDecoder
+from mnar_recsys.models.encoders import LOGVAR_MAX, LOGVAR_MIN, MLPEncoder
+from mnar_recsys.models.integrated.gaussian_affine import masked_log_expected_sigmoid_sum
+from mnar_recsys.models.notmiwae import NotMIWAE
+from mnar_recsys.training import distributed
+from mnar_recsys.training.seeds import step_seed
+from mnar_recsys.training.trainer import (
+    _BATCHES,
+    History,
+    TrainConfig,
+    TrainingDiverged,
+    _batches,
+    _row_seed,
+    _split_rows,
+    non_finite_parameter,
+)
+
+_HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
+#: the TrainConfig fields that may differ between the runs of one stacked fit
+PER_RUN_FIELDS = ("seed", "log_every", "progress")
+_ACTIVATIONS = (nn.Tanh, nn.ReLU)
+_VALIDATION_ROWS = 4096  # held-out rows per stacked pass: bounds the (R, rows, K, width) activations
+
+
+class UnsupportedStack(ValueError):
+    """The models cannot be trained as one stacked fit: the message says why."""
+
+
+def unsupported_reason(model: NotMIWAE) -> str | None:
+    """Why `model`'s architecture has no stacked pass (None when it has one; the module docstring lists them)."""
+    encoder, decoder, missing = model.encoder, model.decoder, model.missing_model
+    if not isinstance(encoder, MLPEncoder) or not _is_mlp(encoder.body):
+        return f"the encoder is a {type(encoder).__name__}; the stacked pass has the MLP encoder only"
+    if not isinstance(decoder, GaussianDecoder) or decoder.mean_head is None or not _is_mlp(decoder.trunk):
+        return f"the decoder is a {type(decoder).__name__} without a dense trunk; the stacked pass has the Gaussian one"
+    if model.row_offset is not None:
+        return "the model has a row offset, which the stacked pass does not have"
+    if model.unobserved_samples is not None and not missing.is_mcar:
+        return "the missing term is subsampled (unobserved_samples), which the stacked pass does not do"
+    if not missing.is_mcar and not (missing.per_feature and getattr(missing, "logit_form", None) == "affine"):
+        return (f"the missing model is {type(missing).__name__}; the stacked pass has the MCAR one and per-feature "
+                "ones with an affine logit")
+    if not missing.is_mcar and model.missing_factor != "integrated":
+        return "x_m is sampled; the stacked pass integrates it out (missing_factor='integrated')"
+    return None
+
+
+def _is_mlp(module: nn.Module) -> bool:
+    """Dense layers and tanh / ReLU activations, in (nested) sequences, or nothing at all."""
+    if isinstance(module, nn.Sequential):
+        return all(_is_mlp(part) for part in module)
+    return isinstance(module, (nn.Linear, nn.Identity, *_ACTIVATIONS))
+
+
+def check_stackable(models: list[NotMIWAE], configs: list[TrainConfig]) -> None:
+    """Raise UnsupportedStack unless the models share one supported architecture and the configs agree on
+    everything but PER_RUN_FIELDS."""
+    if not models or len(models) != len(configs):
+        raise UnsupportedStack(f"a stacked fit takes as many configs as models (at least one), got {len(models)} "
+                               f"models and {len(configs)} configs")
+    reason = unsupported_reason(models[0])
+    if reason is not None:
+        raise UnsupportedStack(f"no stacked fit for this model: {reason}")
+    template = _signature(models[0])
+    for run, model in enumerate(models[1:], 1):
+        if _signature(model) != template:
+            raise UnsupportedStack(f"model {run} differs from model 0 in its architecture or parameter shapes; a "
+                                   "stacked fit trains runs of one architecture")
+    for f in fields(TrainConfig):
+        values = {repr(getattr(config, f.name)) for config in configs}
+        if f.name not in PER_RUN_FIELDS and len(values) > 1:
+            raise UnsupportedStack(f"the runs' configs differ in {f.name} ({', '.join(sorted(values))}); only "
+                                   f"{', '.join(PER_RUN_FIELDS)} may differ within a stacked fit")
+    if distributed.world_size() > 1:
+        raise UnsupportedStack("a stacked fit runs in one process; use `fit` in a process group")
+
+
+def stackable(models: list[NotMIWAE], configs: list[TrainConfig]) -> bool:
+    """Whether `fit_stacked` takes these models and configs (`check_stackable` says why not)."""
+    try:
+        check_stackable(models, configs)
+    except UnsupportedStack:
+        return False
+    return True
+
+
+def _signature(model: NotMIWAE) -> tuple:
+    """What two models of one architecture share: modules, parameter shapes, and the settings the pass reads."""
+    decoder, missing = model.decoder, model.missing_model
+    settings = (model.missing_factor, model.unobserved_samples, getattr(decoder, "variance", None),
+                getattr(decoder, "squash", None), getattr(decoder, "min_variance", None),
+                getattr(decoder, "quadrature_points", None), getattr(missing, "sign", None))
+    shapes = tuple((name, tuple(p.shape)) for name, p in model.named_parameters())
+    return repr(model), settings, shapes
+
+
+def fit_stacked(models: list[NotMIWAE], data: "np.ndarray | sp.spmatrix | RowSource", configs: list[TrainConfig],
+                initialise_missing: bool = True) -> list[History]:
+    """Train each model with its config as `fit(model, data, config)` would, all in one vectorised fit; write
+    the results back into the models (fitted `NotMIWAE`s, in eval mode) and return their histories.
+
+    Raises UnsupportedStack (a ValueError) for models or configs it cannot stack, before any training, and
+    TrainingDiverged, naming the run, where `fit` would raise it.
+    """
+    check_stackable(models, configs)
+    config = configs[0]
+    n_shards = config.shards or 1
+    splits = [_split_rows(model, data, run_config, n_shards) for model, run_config in zip(models, configs)]
+    rows = splits[0][0]
+    device = resolve_device(config.device)
+    if initialise_missing:  # from each run's training rows alone, as `fit` does
+        for model, (_, training, _) in zip(models, splits):
+            model.missing_model.initialise(*rows.observed_summary(np.sort(training)))
+    for model in models:
+        model.to(device).train()
+    stack = _StackedModel(models)
+    everything = rows.batch(np.arange(rows.n_rows)).to(device)
+    values, mask = everything.values, everything.mask
+    optimiser = torch.optim.Adam(stack.parameters, lr=config.lr, fused=True)
+    histories = [History() for _ in models]
+    best_values = [-float("inf")] * len(models)
+    best = None
+    running: list[float] | None = None
+    orders = [_batches(training.size, config.batch_size, np.random.default_rng(_row_seed(c.seed, _BATCHES)))
+              for (_, training, _), c in zip(splits, configs)]
+    validation = np.stack([held_out for _, _, held_out in splits])
+    bar = tqdm(range(1, config.iterations + 1), disable=not any(c.progress for c in configs), desc="training (stacked)",
+               mininterval=0.5)
+    for iteration in bar:
+        batch = np.stack([training[next(order)] for (_, training, _), order in zip(splits, orders)])
+        index = torch.from_numpy(batch).to(device)
+        eps = _noise(configs, iteration, 0, [shard.size for shard in distributed.shards_of(batch[0], n_shards)],
+                     config.n_samples, stack.latent_dim, device)
+        optimiser.zero_grad(set_to_none=True)
+        bound = stack.bound(values[index], mask[index], eps)  # (R, B)
+        sums = bound.sum(-1)
+        (-sums.sum() / batch.shape[1]).backward()
+        step_values = (sums.detach().double() / batch.shape[1]).tolist()  # the one host synchronisation a step
+        _check_finite(step_values, configs, iteration)
+        optimiser.step()
+        running = step_values if running is None else [0.98 * r + 0.02 * v for r, v in zip(running, step_values)]
+        for history, run_config, value in zip(histories, configs, running):
+            if iteration % run_config.log_every == 0 or iteration == config.iterations:
+                history.bound.append((iteration, value))
+        if validation.shape[1] and (iteration % config.validation_every == 0 or iteration == config.iterations):
+            held_out = stack.mean_bound(values, mask, validation, configs, iteration)
+            improved = [run for run, value in enumerate(held_out) if value > best_values[run]]
+            for run in improved:
+                best_values[run] = held_out[run]
+                histories[run].best_iteration = iteration
+            if improved:
+                best = stack.keep(best, improved)
+            for history, value in zip(histories, held_out):
+                history.validation.append((iteration, value))
+    stack.write_back(models, best, [history.best_iteration is not None for history in histories])
+    for run, (model, run_config) in enumerate(zip(models, configs)):
+        bad = non_finite_parameter(model)
+        if bad is not None:  # the last step's bound was finite, but the update after it need not be
+            raise TrainingDiverged(f"training diverged: run {run} (seed {run_config.seed}), after {config.iterations} "
+                                   f"iterations {bad} (lr {config.lr}; a smaller one may train)")
+        model.eval()
+    return histories
+
+
+def _check_finite(values: list[float], configs: list[TrainConfig], iteration: int) -> None:
+    for run, (value, config) in enumerate(zip(values, configs)):
+        if not math.isfinite(value):
+            raise TrainingDiverged(f"training diverged at iteration {iteration}: run {run} (seed {config.seed}) has "
+                                   f"the batch's mean bound {value} (lr {config.lr}; a smaller one may train)")
+
+
+def _noise(configs: list[TrainConfig], iteration: int, stream: int, sizes: list[int], n_samples: int,
+           latent_dim: int, device: torch.device, first: int = 0) -> torch.Tensor:
+    """Each run's eps (R, rows, K, d), chunk c (of sizes[c - first] rows) of run r drawn after
+    step_seed(seed_r, iteration, stream, c), as `fit` draws a shard's (stream 0) or a held-out chunk's (1)."""
+    draws = []
+    for config in configs:
+        for chunk, size in enumerate(sizes, first):
+            step_seed(config.seed, iteration, stream, chunk)
+            draws.append(cpu_normal(size, n_samples, latent_dim, device=device))
+    return torch.cat(draws).view(len(configs), -1, n_samples, latent_dim)
+
+
+def _tanh(x: torch.Tensor) -> torch.Tensor:
+    """tanh(x) = 2 sigmoid(2x) - 1: PyTorch's CPU tanh took 9 times as long as its sigmoid here (one thread)."""
+    return torch.sigmoid(x * 2).mul(2).sub(1)
+
+
+class _FeatureAffine(nn.Module):
+    """The missing model's (slope, intercept) per feature as a forward pass, for `functional_call`."""
+
+    def __init__(self, missing_model: nn.Module):
+        super().__init__()
+        self.model = missing_model
+
+    def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.model.feature_affine(features)
+
+
+class _StackedModel:
+    """The bound of R models of one architecture from their stacked parameters (R, ...)."""
+
+    def __init__(self, models: list[NotMIWAE]):
+        self.template = models[0]
+        self.runs = len(models)
+        self.latent_dim = self.template.latent_dim
+        stacked, _ = stack_module_state(models)  # fresh leaves, detached from the models
+        self.stacked = stacked
+        self.parameters = list(stacked.values())
+        self.name_of = {id(p): name for name, p in self.template.named_parameters()}
+        missing = self.template.missing_model
+        self.affine = None if missing.is_mcar else _FeatureAffine(missing)
+        self.missing_prefix = "missing_model."
+
+    def _linear(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        """layer(x) for every run at once: x (R, n, in) -> (R, n, out)."""
+        weight, bias = self.stacked[self.name_of[id(layer.weight)]], self.stacked[self.name_of[id(layer.bias)]]
+        return torch.baddbmm(bias[:, None], x, weight.transpose(1, 2))
+
+    def _mlp(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(module, nn.Sequential):
+            for part in module:
+                x = self._mlp(part, x)
+            return x
+        if isinstance(module, nn.Linear):
+            return self._linear(module, x)
+        if isinstance(module, nn.Tanh):
+            return _tanh(x)
+        if isinstance(module, nn.ReLU):
+            return F.relu(x)
+        return x  # nn.Identity: `unsupported_reason` lets nothing else through
+
+    def _decode(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The Gaussian decoder's (loc, scale) for z (R, B, K, d): loc (R, B, K, p), scale that or (R, 1, 1, p)."""
+        decoder = self.template.decoder
+        runs, n_rows, n_samples = z.shape[:3]
+        h = self._mlp(decoder.trunk, z.reshape(runs, n_rows * n_samples, -1))
+        loc = decoder.squash_mean(self._linear(decoder.mean_head, h)).view(runs, n_rows, n_samples, -1)
+        if decoder.variance == "per_row":
+            scale = decoder.scale_of(self._linear(decoder.var_head, h)).view(runs, n_rows, n_samples, -1)
+        else:
+            scale = decoder.scale_of(self.stacked[self.name_of[id(decoder.raw_var)]]).view(runs, 1, 1, -1)
+        return loc, scale
+
+    def _slope_intercept(self, n_features: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each run's missing-model (slope, intercept) per feature, (R, 1, 1, p) or (R, 1, 1, 1) each, from the
+        model's own `feature_affine` mapped over the stacked parameters."""
+        params = {"model." + name[len(self.missing_prefix):]: p for name, p in self.stacked.items()
+                  if name.startswith(self.missing_prefix)}
+        features = torch.arange(n_features, device=device)
+        slope, intercept = vmap(lambda p: functional_call(self.affine, p, (features,)))(params)
+        return slope.reshape(self.runs, 1, 1, -1), intercept.reshape(self.runs, 1, 1, -1)
+
+    def bound(self, values: torch.Tensor, mask: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+        """L_K per run and row, (R, B), for zero-filled rows `values` (R, B, p), their `mask` and eps (R, B, K, d)."""
+        encoder, decoder = self.template.encoder, self.template.decoder
+        mean, logvar = self._linear(encoder.head.linear, self._mlp(encoder.body, values)).chunk(2, dim=-1)
+        std = torch.exp(0.5 * logvar.clamp(LOGVAR_MIN, LOGVAR_MAX))
+        z = mean[:, :, None] + std[:, :, None] * eps
+        log_qz = -(0.5 * eps ** 2 + torch.log(std)[:, :, None] + _HALF_LOG_2PI).sum(-1)
+        log_pz = -(0.5 * z ** 2 + _HALF_LOG_2PI).sum(-1)
+        loc, scale = self._decode(z)
+        log_px = (mask[:, :, None] * decoder.log_prob((loc, scale), values[:, :, None])).sum(-1)
+        if self.affine is None:
+            return importance_weighted_bound(log_px + log_pz - log_qz)
+        slope, intercept = self._slope_intercept(values.shape[-1], values.device)
+        observed = (mask * F.logsigmoid(slope[:, 0] * values + intercept[:, 0])).sum(-1, keepdim=True)
+        unobserved = masked_log_expected_sigmoid_sum(loc, slope, intercept, slope.abs() * scale,
+                                                     (1 - mask)[:, :, None], None, decoder.quadrature_points)
+        return importance_weighted_bound(log_px + (observed + unobserved) + log_pz - log_qz)
+
+    @torch.no_grad()
+    def mean_bound(self, values: torch.Tensor, mask: torch.Tensor, index: np.ndarray, configs: list[TrainConfig],
+                   iteration: int) -> list[float]:
+        """Each run's mean L_K over its held-out rows index[r], with the noise `fit` draws for them: chunks of
+        batch_size rows, chunk c seeded by (seed, iteration, 1, c), its sum added in float64 as `fit` adds it."""
+        batch_size, n_samples = configs[0].batch_size, configs[0].n_samples
+        starts = list(range(0, index.shape[1], batch_size))
+        per_pass = max(1, _VALIDATION_ROWS // batch_size)
+        totals = [0.0] * self.runs
+        for first in range(0, len(starts), per_pass):
+            chunk_starts = starts[first:first + per_pass]
+            end = min(chunk_starts[-1] + batch_size, index.shape[1])
+            sizes = [min(batch_size, end - start) for start in chunk_starts]
+            eps = _noise(configs, iteration, 1, sizes, n_samples, self.latent_dim, values.device, first)
+            picked = torch.from_numpy(index[:, chunk_starts[0]:end]).to(values.device)
+            bound = self.bound(values[picked], mask[picked], eps)
+            sums = torch.stack([part.sum(-1) for part in bound.split(batch_size, dim=1)], -1).tolist()
+            totals = [total + sum(run_sums) for total, run_sums in zip(totals, sums)]
+        return [total / index.shape[1] for total in totals]
+
+    @torch.no_grad()
+    def keep(self, best: dict[str, torch.Tensor] | None, runs: list[int]) -> dict[str, torch.Tensor]:
+        """The kept parameters with runs `runs` replaced by their current ones."""
+        if best is None:
+            return {name: p.detach().clone() for name, p in self.stacked.items()}
+        for name, p in self.stacked.items():
+            best[name][runs] = p.detach()[runs]
+        return best
+
+    @torch.no_grad()
+    def write_back(self, models: list[NotMIWAE], best: dict[str, torch.Tensor] | None, kept: list[bool]) -> None:
+        """Each model's parameters from its slice of the stack: the kept ones where held-out rows chose
+        (`kept`), else the last ones, as `fit` leaves a run whose held-out bound was never a number."""
+        for run, model in enumerate(models):
+            source = best if kept[run] else self.stacked
+            for name, p in model.named_parameters():
+                p.copy_(source[name][run])
