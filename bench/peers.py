@@ -4,11 +4,13 @@ Both packages fit the cell of `mnar-recsys uci --models notmiwae-self-masking`: 
 the complete rows, in the first half of the features the values above the mean missing (the paper's
 self-masking MNAR), a not-MIWAE with 2 x 128 tanh layers in encoder and decoder, a learnt per-entry
 decoder sd, latent size D - 1, K = 20, Adam at 1e-3 on batches of 16 rows drawn in shuffled epochs and
-a self-masking missing model of unknown sign. Run r of each package is seeded `--seed` + r; the packages
-alternate, which one goes first switching each run, so the drift of a shared machine falls on both.
+a self-masking missing model of unknown sign. Each package fits `--runs` runs a round, run i of round r seeded
+`--seed` + r x runs + i, this package as `uci --runs` does, all runs in one stacked fit (`--one-by-one`: each
+alone); the packages alternate, which one goes first switching each round, so the drift of a shared machine
+falls on both.
 
-This package is used through `NotMIWAEImputer`; the peer as its README shows: `NotMIWAE`, its `Trainer`
-(which clips the gradient's norm at 1; without RMSE tracking, which would impute at every step) on a
+This package is used through `NotMIWAEImputer` and `fit_imputers`; the peer as its README shows: `NotMIWAE`,
+its `Trainer` (which clips the gradient's norm at 1; without RMSE tracking, which would impute at every step) on a
 DataLoader whose sampler yields exactly `--iterations` batches, and `utils.impute`, missing entries
 filled with 0. Each package's speed is its run-iterations per second (runs x iterations over the fits'
 seconds: model construction and training, not imputation), after one short untimed warm-up fit each that
@@ -17,7 +19,7 @@ seconds are printed too. RMSE is over the missing entries in standardised units,
 from `--importance-samples` each. The last line is the ratio of the speeds, this package's over the peer's.
 
     pip install -e '.[bench]'
-    python bench/peers.py [--dataset banknote] [--runs 5] [--iterations 2000] [--importance-samples 10000]
+    python bench/peers.py [--dataset banknote] [--runs 5] [--rounds 2] [--iterations 2000] [--one-by-one]
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
 from mnar_recsys.checks import check_positive_integer
 from mnar_recsys.data.uci import UCI_NAMES, load_uci
-from mnar_recsys.estimators.imputer import NotMIWAEImputer
+from mnar_recsys.estimators.imputer import NotMIWAEImputer, fit_imputers
 from mnar_recsys.evaluation.metrics import imputation_rmse
 from mnar_recsys.pipelines.uci import masked_dataset
 
@@ -70,24 +72,41 @@ class Cell:
 class Runs:
     """Each run's fit seconds and imputation RMSE for one package."""
 
-    seconds: list[float] = field(default_factory=list)
-    rmse: list[float] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)  # a round's, all its runs
+    rmse: list[float] = field(default_factory=list)  # a run's
+    runs: int = 0
 
     def run_iterations_per_second(self, iterations: int) -> float:
-        return len(self.seconds) * iterations / sum(self.seconds)
+        return self.runs * iterations / sum(self.seconds)
 
 
-def fit_ours(cell: Cell, iterations: int, importance_samples: int, seed: int) -> tuple[float, np.ndarray]:
-    """This package's fit seconds and imputed data for one run."""
+def our_imputer(iterations: int, importance_samples: int, seed: int) -> NotMIWAEImputer:
     # as `uci` builds it: standardize=False, the data being standardised over the complete rows already
-    imputer = NotMIWAEImputer(decoder="gaussian", missing="self-masking", missing_sign=-1, hidden=HIDDEN,
-                              n_samples=N_SAMPLES, iterations=iterations, batch_size=BATCH_SIZE, lr=LR,
-                              importance_samples=importance_samples, standardize=False, random_state=seed,
-                              device="cpu", progress=False)
+    return NotMIWAEImputer(decoder="gaussian", missing="self-masking", missing_sign=-1, hidden=HIDDEN,
+                           n_samples=N_SAMPLES, iterations=iterations, batch_size=BATCH_SIZE, lr=LR,
+                           importance_samples=importance_samples, standardize=False, random_state=seed,
+                           device="cpu", progress=False)
+
+
+def fit_ours(cell: Cell, iterations: int, importance_samples: int,
+             seeds: list[int]) -> tuple[float, list[np.ndarray]]:
+    """This package's fit seconds for the runs `seeds`, trained in one stacked fit, and each run's imputation."""
+    imputers = [our_imputer(iterations, importance_samples, seed) for seed in seeds]
     start = time.perf_counter()
-    imputer.fit(cell.masked)
+    fit_imputers(imputers, cell.masked)
     seconds = time.perf_counter() - start
-    return seconds, imputer.transform(cell.masked)
+    return seconds, [imputer.transform(cell.masked) for imputer in imputers]
+
+
+def fit_ours_one_by_one(cell: Cell, iterations: int, importance_samples: int,
+                        seeds: list[int]) -> tuple[float, list[np.ndarray]]:
+    """`fit_ours` with each run fitted alone."""
+    imputers = [our_imputer(iterations, importance_samples, seed) for seed in seeds]
+    start = time.perf_counter()
+    for imputer in imputers:
+        imputer.fit(cell.masked)
+    seconds = time.perf_counter() - start
+    return seconds, [imputer.transform(cell.masked) for imputer in imputers]
 
 
 def peer_batches(dataset: TensorDataset, iterations: int) -> DataLoader:
@@ -97,7 +116,7 @@ def peer_batches(dataset: TensorDataset, iterations: int) -> DataLoader:
     return DataLoader(dataset, batch_size=BATCH_SIZE, sampler=sampler)
 
 
-def fit_peer(cell: Cell, iterations: int, importance_samples: int, seed: int) -> tuple[float, np.ndarray]:
+def fit_peer_run(cell: Cell, iterations: int, importance_samples: int, seed: int) -> tuple[float, np.ndarray]:
     """The peer's fit seconds and imputed data for one run, through its README's API."""
     filled = torch.as_tensor(np.nan_to_num(cell.masked, nan=0.0), dtype=torch.float32)
     mask = torch.as_tensor(cell.mask, dtype=torch.float32)
@@ -116,29 +135,40 @@ def fit_peer(cell: Cell, iterations: int, importance_samples: int, seed: int) ->
     return seconds, impute(model, dataset, n_samples=importance_samples)
 
 
+def fit_peer(cell: Cell, iterations: int, importance_samples: int,
+             seeds: list[int]) -> tuple[float, list[np.ndarray]]:
+    """The peer's fit seconds for the runs `seeds`, one after another, and each run's imputation."""
+    fits = [fit_peer_run(cell, iterations, importance_samples, seed) for seed in seeds]
+    return sum(seconds for seconds, _ in fits), [imputed for _, imputed in fits]
+
+
 FITS = {OURS: fit_ours, PEER: fit_peer}
 
 
-def compare(cell: Cell, runs: int, iterations: int, importance_samples: int, seed: int = 0,
+def compare(cell: Cell, runs: int, iterations: int, importance_samples: int, seed: int = 0, rounds: int = 1,
             log: Callable[[str], None] | None = None) -> dict[str, Runs]:
-    """`runs` fits of each package on `cell`, alternating, the first package switching each run; `log`, when
-    given, receives a line per fit."""
-    for name, value in (("runs", runs), ("iterations", iterations), ("importance_samples", importance_samples)):
+    """`rounds` rounds of `runs` fits of each package on `cell`, the first package switching each round; `log`,
+    when given, receives a line per package and round."""
+    for name, value in (("runs", runs), ("iterations", iterations), ("importance_samples", importance_samples),
+                        ("rounds", rounds)):
         check_positive_integer(name, value)
     results = {name: Runs() for name in FITS}
-    for run in range(runs):
-        for name in (OURS, PEER) if run % 2 == 0 else (PEER, OURS):
-            seconds, imputed = FITS[name](cell, iterations, importance_samples, seed + run)
+    for round_ in range(rounds):
+        seeds = [seed + round_ * runs + run for run in range(runs)]
+        for name in (OURS, PEER) if round_ % 2 == 0 else (PEER, OURS):
+            seconds, imputations = FITS[name](cell, iterations, importance_samples, seeds)
             results[name].seconds.append(seconds)
-            results[name].rmse.append(imputation_rmse(cell.complete, imputed, cell.mask))
+            results[name].runs += runs
+            results[name].rmse.extend(imputation_rmse(cell.complete, imputed, cell.mask) for imputed in imputations)
             if log is not None:
-                log(f"run {run} {name}: fit {seconds:.1f} s, RMSE {results[name].rmse[-1]:.3f}")
+                rmse = np.mean(results[name].rmse[-runs:])
+                log(f"round {round_} {name}: {runs} fits {seconds:.1f} s, RMSE {rmse:.3f}")
     return results
 
 
 def warm_up(cell: Cell) -> dict[str, float]:
     """Seconds of one short fit of each package, which pays the per-process costs before the timed runs."""
-    return {name: fit(cell, WARM_UP_ITERATIONS, 10, seed=0)[0] for name, fit in FITS.items()}
+    return {name: fit(cell, WARM_UP_ITERATIONS, 10, seeds=[0, 1])[0] for name, fit in FITS.items()}
 
 
 def report(results: dict[str, Runs], iterations: int) -> list[str]:
@@ -146,7 +176,7 @@ def report(results: dict[str, Runs], iterations: int) -> list[str]:
     lines = []
     for name, runs in results.items():
         lines.append(f"{name:17s} {runs.run_iterations_per_second(iterations):8.1f} run-its/s  "
-                     f"({np.mean(runs.seconds):.1f} s a fit)  RMSE {np.mean(runs.rmse):.3f} "
+                     f"({sum(runs.seconds) / runs.runs:.1f} s a run)  RMSE {np.mean(runs.rmse):.3f} "
                      f"(sd {np.std(runs.rmse):.3f} over {len(runs.rmse)} runs)")
     ratio = results[OURS].run_iterations_per_second(iterations) / results[PEER].run_iterations_per_second(iterations)
     lines.append(f"ratio {OURS} / {PEER} run-its/s: {ratio:.2f}x")
@@ -157,21 +187,25 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", choices=UCI_NAMES, default="banknote")
     parser.add_argument("--data-dir", type=Path, default=DATA_DIR, help="folder with the UCI files")
-    parser.add_argument("--runs", type=int, default=5, help="fits of each package (run r seeded seed + r)")
+    parser.add_argument("--runs", type=int, default=5, help="fits of each package a round")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds, the first package switching each round")
+    parser.add_argument("--one-by-one", action="store_true", help="this package's runs fitted each alone")
     parser.add_argument("--iterations", type=int, default=2000, help="training steps of every fit (paper: 100,000)")
     parser.add_argument("--importance-samples", type=int, default=10_000, help="samples per row of the imputation")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.one_by_one:
+        FITS[OURS] = fit_ours_one_by_one
     cell = Cell(*masked_dataset(load_uci(args.dataset, args.data_dir), offset=0.0))
     rows, features = cell.complete.shape
-    print(f"{args.dataset}: {rows} x {features}, {1 - cell.mask.mean():.1%} missing; {args.runs} runs x "
-          f"{args.iterations} iterations of {BATCH_SIZE} rows, K = {N_SAMPLES}, 2 x {HIDDEN} tanh, latent "
+    print(f"{args.dataset}: {rows} x {features}, {1 - cell.mask.mean():.1%} missing; {args.rounds} x {args.runs} "
+          f"runs x {args.iterations} iterations of {BATCH_SIZE} rows, K = {N_SAMPLES}, 2 x {HIDDEN} tanh, latent "
           f"{cell.latent_dim}, {args.importance_samples} importance samples, {torch.get_num_threads()} thread")
     seconds = warm_up(cell)
     print(f"warm-up fit of {WARM_UP_ITERATIONS} iterations, untimed below: "
           + ", ".join(f"{name} {value:.1f} s" for name, value in seconds.items()), flush=True)
-    results = compare(cell, args.runs, args.iterations, args.importance_samples, args.seed,
+    results = compare(cell, args.runs, args.iterations, args.importance_samples, args.seed, args.rounds,
                       log=lambda line: print(line, flush=True))
     print("\n".join(report(results, args.iterations)))
 
