@@ -24,7 +24,8 @@ QUICK = {"train": TrainConfig(iterations=30, progress=False), "importance": Impo
 
 
 @pytest.mark.parametrize("name", ["notmiwae-gaussian", "notmiwae-categorical", "miwae-gaussian",
-                                  "notmiwae-gaussian-levelwise", "notmiwae-categorical-levelwise"])
+                                  "notmiwae-gaussian-levelwise", "notmiwae-categorical-levelwise",
+                                  "notmiwae-categorical-activity"])
 def test_predictions_are_finite_and_on_the_rating_scale(small_ratings, name):
     users, items, _ = small_ratings.test_triples()
     model = make_recommender(name, seed=0, **QUICK).fit(small_ratings.train)
@@ -232,6 +233,7 @@ def test_levelwise_notmiwae_nears_the_oracle_when_cells_are_selected_independent
     assert levelwise < oracle + 0.4
 
 
+@pytest.mark.slow
 def test_the_activity_term_brings_notmiwae_near_the_oracle_under_the_default_race_selection():
     """The default 'race' selection gives each user a fixed number of ratings, so light users leave most
     items unrated whatever their ratings; the per-user shift w · z of the selection logits models that.

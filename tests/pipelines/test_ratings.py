@@ -269,6 +269,7 @@ def test_the_data_seed_draws_other_synthetic_data():
     assert first.train.shape == second.train.shape and (first.train != second.train).nnz > 0
 
 
+@pytest.mark.slow  # 25-40 s: processes started and joined
 def test_ratings_runs_data_parallel_under_torchrun(tmp_path):
     """The same command under torchrun: it runs as two processes, and process 0 alone scores, prints and
     writes."""
@@ -288,6 +289,7 @@ def test_ratings_runs_data_parallel_under_torchrun(tmp_path):
     assert launched.stdout.count("| notmiwae-gaussian | MNAR | 1 |") == 1  # one table, printed by process 0 only
 
 
+@pytest.mark.slow  # 25-40 s: processes started and joined
 def test_worker_processes_give_the_records_of_a_one_process_run(tmp_path, capsys):
     """--jobs 2 shares the (seed, model) runs out to spawned one-thread workers: the same records, in the
     same order, with the same numbers as one thread here."""

@@ -71,6 +71,7 @@ def test_n_init_runs_keep_the_kept_fits_score(tmp_path, monkeypatch):
     assert record["log_likelihood"] == pytest.approx(imputer.score(masked))
 
 
+@pytest.mark.slow
 def test_the_low_rank_model_takes_the_protocols_standardised_data_as_given(tmp_path, monkeypatch):
     """Re-centred on the observed means, which the self-masking pulls down, the low-rank joint model imputed
     Breast at 1.72, no better than the mean (1.82); on the protocol's scale, as the paper fed it, 1.01
@@ -83,6 +84,7 @@ def test_the_low_rank_model_takes_the_protocols_standardised_data_as_given(tmp_p
     assert lowrank["rmse"] < mean["rmse"] - 0.5
 
 
+@pytest.mark.slow
 def test_worker_processes_give_the_records_of_a_one_process_run(tmp_path, monkeypatch):
     """--jobs 2 shares the runs out to spawned workers: the same records, in the same order, as --jobs 1."""
     monkeypatch.delenv("MNAR_RECSYS_UCI_DIR", raising=False)

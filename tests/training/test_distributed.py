@@ -42,6 +42,7 @@ def assert_same_curve(a: list, b: list) -> None:
     assert [value for _, value in a] == pytest.approx([value for _, value in b], abs=1e-5)
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_process_with_the_same_shards(tmp_path):
     out = tmp_path / "rank0.json"
     launched = torchrun("--shards", "2", "--out", str(out))
