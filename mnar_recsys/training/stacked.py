@@ -32,6 +32,7 @@ from mnar_recsys.devices import cpu_normal, resolve_device
 from mnar_recsys.models.bound import importance_weighted_bound
 from mnar_recsys.models.decoders import GaussianDecoder
 from mnar_recsys.models.encoders import LOGVAR_MAX, LOGVAR_MIN, MLPEncoder
+from mnar_recsys.models.integrated import compiled
 from mnar_recsys.models.integrated.gaussian_affine import masked_log_expected_sigmoid_sum
 from mnar_recsys.models.notmiwae import NotMIWAE
 from mnar_recsys.training import distributed
@@ -158,32 +159,34 @@ def fit_stacked(models: list[NotMIWAE], data: "np.ndarray | sp.spmatrix | RowSou
     validation = np.stack([held_out for _, _, held_out in splits])
     bar = tqdm(range(1, config.iterations + 1), disable=not any(c.progress for c in configs), desc="training (stacked)",
                mininterval=0.5)
-    for iteration in bar:
-        batch = np.stack([training[next(order)] for (_, training, _), order in zip(splits, orders)])
-        index = torch.from_numpy(batch).to(device)
-        eps = _noise(configs, iteration, 0, [shard.size for shard in distributed.shards_of(batch[0], n_shards)],
-                     config.n_samples, stack.latent_dim, device)
-        optimiser.zero_grad(set_to_none=True)
-        bound = stack.bound(values[index], mask[index], eps)  # (R, B)
-        sums = bound.sum(-1)
-        (-sums.sum() / batch.shape[1]).backward()
-        step_values = (sums.detach().double() / batch.shape[1]).tolist()  # the one host synchronisation a step
-        _check_finite(step_values, configs, iteration)
-        optimiser.step()
-        running = step_values if running is None else [0.98 * r + 0.02 * v for r, v in zip(running, step_values)]
-        for history, run_config, value in zip(histories, configs, running):
-            if iteration % run_config.log_every == 0 or iteration == config.iterations:
-                history.bound.append((iteration, value))
-        if validation.shape[1] and (iteration % config.validation_every == 0 or iteration == config.iterations):
-            held_out = stack.mean_bound(values, mask, validation, configs, iteration)
-            improved = [run for run, value in enumerate(held_out) if value > best_values[run]]
-            for run in improved:
-                best_values[run] = held_out[run]
-                histories[run].best_iteration = iteration
-            if improved:
-                best = stack.keep(best, improved)
-            for history, value in zip(histories, held_out):
-                history.validation.append((iteration, value))
+    # a short fit runs the quadrature kernels eagerly, as `fit` does (models.integrated.compiled)
+    with compiled.job(config.iterations):
+        for iteration in bar:
+            batch = np.stack([training[next(order)] for (_, training, _), order in zip(splits, orders)])
+            index = torch.from_numpy(batch).to(device)
+            eps = _noise(configs, iteration, 0, [shard.size for shard in distributed.shards_of(batch[0], n_shards)],
+                         config.n_samples, stack.latent_dim, device)
+            optimiser.zero_grad(set_to_none=True)
+            bound = stack.bound(values[index], mask[index], eps)  # (R, B)
+            sums = bound.sum(-1)
+            (-sums.sum() / batch.shape[1]).backward()
+            step_values = (sums.detach().double() / batch.shape[1]).tolist()  # the one host synchronisation a step
+            _check_finite(step_values, configs, iteration)
+            optimiser.step()
+            running = step_values if running is None else [0.98 * r + 0.02 * v for r, v in zip(running, step_values)]
+            for history, run_config, value in zip(histories, configs, running):
+                if iteration % run_config.log_every == 0 or iteration == config.iterations:
+                    history.bound.append((iteration, value))
+            if validation.shape[1] and (iteration % config.validation_every == 0 or iteration == config.iterations):
+                held_out = stack.mean_bound(values, mask, validation, configs, iteration)
+                improved = [run for run, value in enumerate(held_out) if value > best_values[run]]
+                for run in improved:
+                    best_values[run] = held_out[run]
+                    histories[run].best_iteration = iteration
+                if improved:
+                    best = stack.keep(best, improved)
+                for history, value in zip(histories, held_out):
+                    history.validation.append((iteration, value))
     stack.write_back(models, best, [history.best_iteration is not None for history in histories])
     for run, (model, run_config) in enumerate(zip(models, configs)):
         bad = non_finite_parameter(model)

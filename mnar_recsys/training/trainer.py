@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from mnar_recsys.checks import check_positive_finite, check_positive_integer
 from mnar_recsys.data.rows import RowSource
 from mnar_recsys.devices import resolve_device
+from mnar_recsys.models.integrated import compiled
 from mnar_recsys.models.notmiwae import NotMIWAE, prepare_rows
 from mnar_recsys.training import distributed
 from mnar_recsys.training.seeds import step_seed
@@ -94,13 +95,16 @@ def fit(model: NotMIWAE, data: "np.ndarray | sp.spmatrix | RowSource", config: T
 
     In a process group (see :mod:`mnar_recsys.training.distributed`) every rank runs this with the same
     data and config: all ranks draw the same batch order, each computes the bound on its shards of the
-    global batch, and DistributedDataParallel averages the gradients.
+    global batch, and DistributedDataParallel averages the gradients. The bounds stay on the device until
+    the next log or validation point (at most 100 steps apart): a step whose bound is NaN or infinite is
+    found there and raises TrainingDiverged naming that step.
     """
     n_shards = config.shards or distributed.world_size()
     failure = None
     try:
         rows, training, validation = _split_rows(model, data, config, n_shards)
         device = resolve_device(config.device)
+        compiled.compile_mode()  # a misspelt MNAR_RECSYS_COMPILE fails here, not at the first kernel call
     except Exception as error:  # any rank's failure stops every rank (see distributed.agree)
         failure = error
     distributed.agree(failure)
@@ -113,28 +117,36 @@ def fit(model: NotMIWAE, data: "np.ndarray | sp.spmatrix | RowSource", config: T
     history = History()
     best_state, best_value = None, -float("inf")
     running = None
+    pending: list[torch.Tensor] = []  # the bounds of the steps since the last check, still on the device
     main = distributed.is_main_process()
     bar = tqdm(range(1, config.iterations + 1), disable=not (config.progress and main), desc="training",
                mininterval=0.5)
     batches = _batches(training.size, config.batch_size, np.random.default_rng(_row_seed(config.seed, _BATCHES)))
-    for iteration in bar:
-        batch = training[next(batches)]
-        optimiser.zero_grad(set_to_none=True)  # not the model's: that walks its module tree every step
-        value = _step(step_model, rows, batch, n_shards, config, iteration, device)
-        if not math.isfinite(value):  # the same on every rank: it is summed across them
-            raise TrainingDiverged(f"training diverged at iteration {iteration}: the batch's mean bound is {value} "
-                                   f"(lr {config.lr}; a smaller one may train)")
-        optimiser.step()
-        running = value if running is None else 0.98 * running + 0.02 * value
-        if iteration % config.log_every == 0 or iteration == config.iterations:
-            history.bound.append((iteration, running))
-            bar.set_postfix(bound=f"{running:.3f}")
-        if validation.size and (iteration % config.validation_every == 0 or iteration == config.iterations):
-            held_out = _mean_bound(model, rows, validation, config, device, iteration)
-            history.validation.append((iteration, held_out))
-            if held_out > best_value:
-                best_value, history.best_iteration = held_out, iteration
-                best_state = copy.deepcopy(model.state_dict())
+    # a short fit runs the quadrature kernels eagerly, sparing torch.compile's build (models.integrated.compiled)
+    with compiled.job(config.iterations):
+        for iteration in bar:
+            batch = training[next(batches)]
+            optimiser.zero_grad(set_to_none=True)  # not the model's: that walks its module tree every step
+            pending.append(_step(step_model, rows, batch, n_shards, config, iteration, device))
+            optimiser.step()
+            last = iteration == config.iterations
+            logging = last or iteration % config.log_every == 0
+            validating = validation.size and (last or iteration % config.validation_every == 0)
+            if logging or validating or len(pending) == _CHECK_EVERY:
+                # one read-back for the steps since the last check: a diverged step is found here, named by its
+                # iteration, before its parameters are logged, validated or kept
+                for value in _checked_bounds(pending, iteration - len(pending) + 1, batch.size, config):
+                    running = value if running is None else 0.98 * running + 0.02 * value
+                pending = []
+            if logging:
+                history.bound.append((iteration, running))
+                bar.set_postfix(bound=f"{running:.3f}")
+            if validating:
+                held_out = _mean_bound(model, rows, validation, config, device, iteration)
+                history.validation.append((iteration, held_out))
+                if held_out > best_value:
+                    best_value, history.best_iteration = held_out, iteration
+                    best_state = copy.deepcopy(model.state_dict())
     if best_state is not None:
         model.load_state_dict(best_state)
     bad = non_finite_parameter(model)
@@ -189,21 +201,41 @@ def _data_parallel(model: NotMIWAE, device: torch.device) -> nn.Module:
 
 
 def _step(step_model: nn.Module, rows: RowSource, batch: np.ndarray, n_shards: int, config: TrainConfig,
-          iteration: int, device: torch.device) -> float:
+          iteration: int, device: torch.device) -> torch.Tensor:
     """Accumulate the gradient of -(mean bound over the global batch) from this rank's shards into the zeroed
-    gradients; return the global batch's mean bound. DDP averages over ranks, hence the factor world_size."""
-    shards = distributed.shards_of(batch, n_shards)
+    gradients; return the sum of this rank's shards' bounds, a float64 scalar left on the device (reading it
+    would wait for the device every step). DDP averages over ranks, hence the factor world_size."""
+    shards = distributed.shards_of(batch, n_shards) if n_shards > 1 else [batch]
     mine = distributed.my_shards(n_shards)
     scale = distributed.world_size() / batch.size
-    total = 0.0
+    total = None
     for shard in mine:
         step_seed(config.seed, iteration, 0, shard)
         last = shard == mine[-1]
         with nullcontext() if last or distributed.world_size() == 1 else step_model.no_sync():
             bound = step_model(rows.batch(shards[shard]).to(device), config.n_samples).sum()
             (-scale * bound).backward()
-        total += bound.item()
-    return distributed.sum_across_ranks(total, device) / batch.size
+        bound = bound.detach().to(torch.float64)
+        total = bound if total is None else total + bound
+    return total
+
+
+_CHECK_EVERY = 100  # steps between read-backs of the bound at most, whatever log_every says
+
+
+def _checked_bounds(pending: list[torch.Tensor], first_iteration: int, batch_size: int,
+                    config: TrainConfig) -> list[float]:
+    """The global batch's mean bound at each pending step (summed over the ranks), read back at once;
+    TrainingDiverged names the first step whose bound is NaN or infinite (the same on every rank)."""
+    totals = torch.stack(pending)
+    if distributed.world_size() > 1:
+        torch.distributed.all_reduce(totals)
+    values = [total / batch_size for total in totals.tolist()]
+    for offset, value in enumerate(values):
+        if not math.isfinite(value):
+            raise TrainingDiverged(f"training diverged at iteration {first_iteration + offset}: the batch's mean "
+                                   f"bound is {value} (lr {config.lr}; a smaller one may train)")
+    return values
 
 
 @torch.no_grad()
@@ -214,12 +246,13 @@ def _mean_bound(model: NotMIWAE, rows: RowSource, index: np.ndarray, config: Tra
     estimate training uses: with `unobserved_samples` set, the subsampled one (the exact missing term over
     every unobserved item of every held-out row would cost more than training does)."""
     model.eval()
-    total = 0.0
+    sums = []  # read back together at the end rather than one wait for the device per chunk
     starts = range(0, index.size, config.batch_size)
     for chunk in range(distributed.rank(), len(starts), distributed.world_size()):
         step_seed(config.seed, iteration, 1, chunk)
         start = starts[chunk]
         batch = rows.batch(index[start:start + config.batch_size]).to(device)
-        total += float(model.bound(batch, config.n_samples).sum())
+        sums.append(model.bound(batch, config.n_samples).sum())
     model.train()
+    total = sum(torch.stack(sums).tolist()) if sums else 0.0
     return distributed.sum_across_ranks(total, device) / index.size

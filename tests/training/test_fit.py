@@ -51,7 +51,9 @@ def test_fit_increases_the_bound(ratings):
 
 def test_the_history_is_the_bounds_moving_average_with_decay_098(ratings, monkeypatch):
     """A bound of 1 at the first step and 0 after it leaves 0.98^49 in the average at step 50."""
-    monkeypatch.setattr(trainer, "_step", lambda *args: 1.0 if args[5] == 1 else 0.0)
+    # _step returns the sum of the batch's bounds, left on the device: a mean of 1 is the batch's size
+    monkeypatch.setattr(trainer, "_step", lambda *args: torch.tensor(float(args[2].size) if args[5] == 1 else 0.0,
+                                                                     dtype=torch.float64))
     torch.manual_seed(0)
     history = fit(build_model(CONFIG), ratings, TrainConfig(**{**TRAIN.to_dict(), "iterations": 50}))
     assert history.bound == [(50, pytest.approx(0.98 ** 49))]
@@ -64,6 +66,23 @@ def test_training_that_diverges_stops_and_says_so(ratings):
         fit(build_model(CONFIG), ratings, TrainConfig(**{**TRAIN.to_dict(), "lr": 1e6}))
     with pytest.raises(ValueError, match="lr must be positive and finite, got inf"):
         TrainConfig(lr=float("inf"))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_diverged_step_between_log_points_is_named_by_its_iteration(ratings, monkeypatch, bad):
+    """The bounds are read back at log points, not every step: the first non-finite one among them is still
+    the iteration the error names, and training stops there rather than at the end."""
+    steps = []
+
+    def step(*args):
+        steps.append(args[5])
+        return torch.tensor(bad if args[5] >= 7 else -1.0, dtype=torch.float64)
+
+    monkeypatch.setattr(trainer, "_step", step)
+    torch.manual_seed(0)
+    with pytest.raises(TrainingDiverged, match=rf"at iteration 7: the batch's mean bound is {bad}"):
+        fit(build_model(CONFIG), ratings, TrainConfig(**{**TRAIN.to_dict(), "iterations": 10_000, "log_every": 50}))
+    assert steps == list(range(1, 51))
 
 
 def test_fit_is_reproducible_from_its_seed(ratings):
