@@ -14,9 +14,9 @@ its `Trainer` (which clips the gradient's norm at 1; without RMSE tracking, whic
 DataLoader whose sampler yields exactly `--iterations` batches, and `utils.impute`, missing entries
 filled with 0. Each package's speed is its run-iterations per second (runs x iterations over the fits'
 seconds: model construction and training, not imputation), after one short untimed warm-up fit each that
-pays the per-process costs (this package's torch.compile build of its quadrature kernel); the warm-up's
-seconds are printed too. RMSE is over the missing entries in standardised units, the conditional mean
-from `--importance-samples` each. The last line is the ratio of the speeds, this package's over the peer's.
+pays the per-process costs; the warm-up's seconds are printed too. RMSE is over the missing entries in
+standardised units, the conditional mean from `--importance-samples` each. The last line is the ratio of
+the speeds, this package's over the peer's.
 
     pip install -e '.[bench]'
     python bench/peers.py [--dataset banknote] [--runs 5] [--rounds 2] [--iterations 2000] [--one-by-one]

@@ -32,7 +32,11 @@ n_init: fits from as many seeds, of which the one whose rows score highest (`sco
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import numpy as np
+import torch
 from numpy.typing import ArrayLike
 from sklearn.base import BaseEstimator, OneToOneFeatureMixin, TransformerMixin
 from sklearn.utils import check_random_state
@@ -132,22 +136,13 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
     def fit(self, X: ArrayLike, y: object = None) -> "NotMIWAEImputer":
         """Train on X (NaN = missing); y is ignored. A fit that fails leaves the last fit whole, and the
         caller's torch random state is as it was."""
-        input_attributes = {name: getattr(self, name) for name in _INPUT_ATTRIBUTES if hasattr(self, name)}
-        try:
+        with _last_fits_kept([self]):
             return self._fit(X)
-        except BaseException:
-            # validate_data(reset=True) sets these before anything can fail: put back the last fit's
-            for name in _INPUT_ATTRIBUTES:
-                if name in input_attributes:
-                    setattr(self, name, input_attributes[name])
-                elif hasattr(self, name):
-                    delattr(self, name)
-            raise
 
     def _fit(self, X) -> "NotMIWAEImputer":
         standardized, mean, scale, config = self._prepare(X)
         starts = self._starts(config)
-        self._keep_best(_train(starts, standardized), standardized, mean, scale)
+        self._set_fitted(mean, scale, *self._best(_train(starts, standardized), standardized))
         return self
 
     def _prepare(self, X) -> tuple[np.ndarray, np.ndarray, np.ndarray, ModelConfig]:
@@ -172,9 +167,10 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
                                            n_samples=self.n_samples, lr=self.lr, seed=seed, device=self.device,
                                            progress=self.progress)) for seed in seeds]
 
-    def _keep_best(self, trained: list[tuple[NotMIWAE, "History | TrainingDiverged", int]],
-                   standardized: np.ndarray, mean: np.ndarray, scale: np.ndarray) -> None:
-        """Set the fitted attributes from this estimator's trained starts: the one whose rows score highest."""
+    def _best(self, trained: list[tuple[NotMIWAE, "History | TrainingDiverged", int]],
+              standardized: np.ndarray) -> tuple[list[float] | None, tuple[NotMIWAE, History, int]]:
+        """(the starts' scores, None for one start; the kept (model, history, seed)): of this estimator's trained
+        starts, the one whose rows score highest; TrainingDiverged where none is left."""
         scores = None if self.n_init == 1 else []
         best_score, best = -np.inf, None
         for model, history, seed in trained:
@@ -191,6 +187,10 @@ class NotMIWAEImputer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
             if best is None or score > best_score:
                 best = model, history, seed
             best_score = max(best_score, score)
+        return scores, best
+
+    def _set_fitted(self, mean: np.ndarray, scale: np.ndarray, scores: list[float] | None,
+                    best: tuple[NotMIWAE, History, int]) -> None:
         # the fitted attributes are set together at the end: a failed refit leaves the last fit whole
         self.mean_, self.scale_, self.init_scores_ = mean, scale, scores
         self.model_, self.history_, self.seed_ = best
@@ -248,7 +248,7 @@ def _train(starts: list[tuple[int, ModelConfig, TrainConfig]],
     configs = [train for _, _, train in starts]
     if len(starts) > 1 and stackable(models, configs):
         try:
-            with seeded(0, resolve_device(configs[0].device)):  # the caller's random state as it was
+            with torch.random.fork_rng():  # the caller's random state as it was (the fit seeds its own)
                 histories = fit_stacked(models, standardized, configs)
             return [(model, history, seed) for model, history, (seed, _, _) in zip(models, histories, starts)]
         except TrainingDiverged:
@@ -270,10 +270,31 @@ def fit_imputers(imputers: list[NotMIWAEImputer], X: ArrayLike) -> list[NotMIWAE
     params = [{k: v for k, v in imputer.get_params().items() if k != "random_state"} for imputer in imputers]
     if len(imputers) < 2 or any(p != params[0] for p in params):
         return [imputer.fit(X) for imputer in imputers]
-    prepared = [imputer._prepare(X) for imputer in imputers]
-    starts = [imputer._starts(config) for imputer, (_, _, _, config) in zip(imputers, prepared)]
-    trained = _train([start for own in starts for start in own], prepared[0][0])
-    for index, (imputer, (standardized, mean, scale, _)) in enumerate(zip(imputers, prepared)):
-        n = imputer.n_init
-        imputer._keep_best(trained[index * n:(index + 1) * n], standardized, mean, scale)
+    with _last_fits_kept(imputers):  # a failure leaves every imputer's last fit whole
+        prepared = [imputer._prepare(X) for imputer in imputers]
+        starts = [imputer._starts(config) for imputer, (_, _, _, config) in zip(imputers, prepared)]
+        trained = _train([start for own in starts for start in own], prepared[0][0])
+        n = imputers[0].n_init
+        kept = [imputer._best(trained[index * n:(index + 1) * n], standardized)
+                for index, (imputer, (standardized, _, _, _)) in enumerate(zip(imputers, prepared))]
+        for imputer, (_, mean, scale, _), (scores, best) in zip(imputers, prepared, kept):
+            imputer._set_fitted(mean, scale, scores, best)
     return imputers
+
+
+@contextmanager
+def _last_fits_kept(imputers: list[NotMIWAEImputer]) -> Iterator[None]:
+    """On failure, put back the input attributes that validate_data(reset=True) set before anything could fail,
+    so that each imputer's last fit stays whole."""
+    saved = [{name: getattr(imputer, name) for name in _INPUT_ATTRIBUTES if hasattr(imputer, name)}
+             for imputer in imputers]
+    try:
+        yield
+    except BaseException:
+        for imputer, attributes in zip(imputers, saved):
+            for name in _INPUT_ATTRIBUTES:
+                if name in attributes:
+                    setattr(imputer, name, attributes[name])
+                elif hasattr(imputer, name):
+                    delattr(imputer, name)
+        raise

@@ -62,8 +62,10 @@ class UnsupportedStack(ValueError):
 def unsupported_reason(model: NotMIWAE) -> str | None:
     """Why `model`'s architecture has no stacked pass (None when it has one; the module docstring lists them)."""
     encoder, decoder, missing = model.encoder, model.decoder, model.missing_model
-    if not isinstance(encoder, MLPEncoder) or not _is_mlp(encoder.body):
+    if not isinstance(encoder, MLPEncoder):
         return f"the encoder is a {type(encoder).__name__}; the stacked pass has the MLP encoder only"
+    if not _is_mlp(encoder.body):
+        return "the MLP encoder has layers other than Linear, Tanh and ReLU, which the stacked pass does not have"
     if not isinstance(decoder, GaussianDecoder) or decoder.mean_head is None or not _is_mlp(decoder.trunk):
         return f"the decoder is a {type(decoder).__name__} without a dense trunk; the stacked pass has the Gaussian one"
     if model.row_offset is not None:
@@ -73,6 +75,8 @@ def unsupported_reason(model: NotMIWAE) -> str | None:
     if not missing.is_mcar and not (missing.per_feature and getattr(missing, "logit_form", None) == "affine"):
         return (f"the missing model is {type(missing).__name__}; the stacked pass has the MCAR one and per-feature "
                 "ones with an affine logit")
+    if not missing.is_mcar and not any(True for _ in missing.parameters()):
+        return f"the missing model {type(missing).__name__} is fixed (no parameters); the stacked pass learns one"
     if not missing.is_mcar and model.missing_factor != "integrated":
         return "x_m is sampled; the stacked pass integrates it out (missing_factor='integrated')"
     return None

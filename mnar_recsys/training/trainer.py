@@ -127,7 +127,17 @@ def fit(model: NotMIWAE, data: "np.ndarray | sp.spmatrix | RowSource", config: T
         for iteration in bar:
             batch = training[next(batches)]
             optimiser.zero_grad(set_to_none=True)  # not the model's: that walks its module tree every step
-            pending.append(_step(step_model, rows, batch, n_shards, config, iteration, device))
+            try:
+                pending.append(_step(step_model, rows, batch, n_shards, config, iteration, device))
+            except Exception as error:
+                # an earlier step may have diverged unseen, and its NaN update broken this one: say so, not
+                # this step's error (checked on this rank alone: the others need not be here)
+                _checked_bounds(pending, iteration - len(pending), batch.size, config, across_ranks=False)
+                bad = non_finite_parameter(model)
+                if bad is not None:
+                    raise TrainingDiverged(f"training diverged before iteration {iteration}: {bad} (lr {config.lr}; "
+                                           "a smaller one may train)") from error
+                raise
             optimiser.step()
             last = iteration == config.iterations
             logging = last or iteration % config.log_every == 0
@@ -223,12 +233,14 @@ def _step(step_model: nn.Module, rows: RowSource, batch: np.ndarray, n_shards: i
 _CHECK_EVERY = 100  # steps between read-backs of the bound at most, whatever log_every says
 
 
-def _checked_bounds(pending: list[torch.Tensor], first_iteration: int, batch_size: int,
-                    config: TrainConfig) -> list[float]:
-    """The global batch's mean bound at each pending step (summed over the ranks), read back at once;
-    TrainingDiverged names the first step whose bound is NaN or infinite (the same on every rank)."""
+def _checked_bounds(pending: list[torch.Tensor], first_iteration: int, batch_size: int, config: TrainConfig,
+                    across_ranks: bool = True) -> list[float]:
+    """The global batch's mean bound at each pending step (summed over the ranks unless `across_ranks` is
+    False), read back at once; TrainingDiverged names the first step whose bound is NaN or infinite."""
+    if not pending:
+        return []
     totals = torch.stack(pending)
-    if distributed.world_size() > 1:
+    if across_ranks and distributed.world_size() > 1:
         torch.distributed.all_reduce(totals)
     values = [total / batch_size for total in totals.tolist()]
     for offset, value in enumerate(values):

@@ -68,7 +68,7 @@ def test_the_estimator_study_refuses_bad_options_before_any_work(tmp_path, capsy
     assert not (tmp_path / "bad").exists()
 
 
-@pytest.mark.slow  # the workers themselves are checked in the fast tier, through the pipeline
+@pytest.mark.slow  # spawned workers; tests/pipelines/test_workers.py checks them in the fast tier
 def test_the_estimator_study_gives_the_records_of_one_process_from_workers(tmp_path, estimator_study):
     """--jobs 2 studies the seeds in spawned one-thread workers: the same records, in seed order."""
     options = [*STUDY, "--iterations", "10", "--seeds", "0,1", "--k", "10"]

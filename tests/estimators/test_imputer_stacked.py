@@ -84,3 +84,17 @@ def test_a_start_that_diverges_in_the_stacked_fit_sends_all_of_them_one_by_one(t
     np.testing.assert_allclose(fitted.init_scores_, alone.init_scores_, rtol=1e-6)
     for ours, theirs in zip(_parameters(fitted), _parameters(alone)):
         torch.testing.assert_close(ours, theirs)
+
+
+def test_a_failed_fit_together_leaves_every_imputers_last_fit_whole(table, monkeypatch):
+    first, second = fit_imputers([_imputer(0), _imputer(1)], table)
+    before = [(imputer.model_, imputer.n_features_in_) for imputer in (first, second)]
+
+    def diverging(*args):
+        raise imputer_module.TrainingDiverged("training diverged at iteration 2")
+
+    monkeypatch.setattr(imputer_module, "fit_stacked", diverging)
+    monkeypatch.setattr(imputer_module, "fit", diverging)
+    with pytest.raises(imputer_module.TrainingDiverged):
+        fit_imputers([first, second], table[:, :3])
+    assert [(imputer.model_, imputer.n_features_in_) for imputer in (first, second)] == before

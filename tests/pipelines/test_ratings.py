@@ -448,4 +448,3 @@ def test_the_papers_table_is_one_command_on_yahoo_files(tmp_path, capsys):
     for name in paper:
         assert f"| {ratings_config.published(name):.3f} |" in next(line for line in printed.splitlines()
                                                                      if line.startswith(f"| {name} |"))
-

@@ -85,6 +85,48 @@ def test_a_diverged_step_between_log_points_is_named_by_its_iteration(ratings, m
     assert steps == list(range(1, 51))
 
 
+def test_a_step_broken_by_an_unseen_divergence_is_reported_as_the_divergence(ratings, monkeypatch):
+    """A NaN bound still pending when a later step fails (its NaN update having broken the forward pass): the
+    error names the diverged iteration, not the later step's error."""
+    def step(*args):
+        if args[5] == 5:
+            raise IndexError("index -9223372036854775808 is out of bounds")  # what NaN logits gave a kernel
+        return torch.tensor(float("nan") if args[5] == 3 else -1.0, dtype=torch.float64)
+
+    monkeypatch.setattr(trainer, "_step", step)
+    torch.manual_seed(0)
+    with pytest.raises(TrainingDiverged, match=r"at iteration 3: the batch's mean bound is nan") as caught:
+        fit(build_model(CONFIG), ratings, TrainConfig(**{**TRAIN.to_dict(), "log_every": 50}))
+    assert isinstance(caught.value.__context__, IndexError)
+
+
+def test_a_step_that_fails_after_non_finite_parameters_is_reported_as_a_divergence(ratings, monkeypatch):
+    model = build_model(CONFIG)
+
+    def step(*args):
+        if args[5] == 2:
+            with torch.no_grad():
+                model.decoder.mean_head.weight[0, 0] = float("nan")  # a finite bound, then a NaN update
+        if args[5] == 3:
+            raise ValueError("Expected parameter df ... to satisfy the constraint")
+        return torch.tensor(-1.0, dtype=torch.float64)
+
+    monkeypatch.setattr(trainer, "_step", step)
+    with pytest.raises(TrainingDiverged, match=r"diverged before iteration 3: decoder.mean_head.weight holds 1"):
+        fit(model, ratings, TrainConfig(**{**TRAIN.to_dict(), "log_every": 50}))
+
+
+def test_an_error_in_a_healthy_step_is_raised_as_it_is(ratings, monkeypatch):
+    def step(*args):
+        if args[5] == 4:
+            raise RuntimeError("out of memory")
+        return torch.tensor(-1.0, dtype=torch.float64)
+
+    monkeypatch.setattr(trainer, "_step", step)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        fit(build_model(CONFIG), ratings, TrainConfig(**{**TRAIN.to_dict(), "log_every": 50}))
+
+
 def test_fit_is_reproducible_from_its_seed(ratings):
     """Two runs from the same initial seed and TrainConfig.seed end with identical parameters; another
     training seed does not."""

@@ -114,6 +114,7 @@ def test_runs_with_their_seeds_swapped_are_not_their_single_fits(rows):
     ({"encoder": "set"}, "the encoder is a SetEncoder"),
     ({"decoder": "bernoulli"}, "the decoder is a BernoulliDecoder"),
     ({"row_offset": True}, "row offset"),
+    ({"missing": "fixed-logistic"}, "FixedLogistic is fixed"),
 ])
 def test_unsupported_models_are_refused_saying_why(rows, changes, reason):
     model = models(uci_config(**changes), seeds=(0,))[0]

@@ -170,6 +170,7 @@ def masked_log_expected_sigmoid_categorical_sum(level_logits: torch.Tensor, sele
         return (keep * fused[0]).sum(-1)
     return _PrecomputedLevelGradient.apply(level_logits, selection, offset, keep, fused)
 
+
 @register_factor("categorical", ANY_FORM)
 class Categorical(IntegratedFactor):
     """A decoder with level logits (B, K, p, C) over its `support` and a missing model with `feature_logits`."""

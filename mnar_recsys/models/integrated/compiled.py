@@ -91,7 +91,7 @@ class Compiled:
         self.eager = False
 
     def __call__(self, *tensors, **constants):
-        if self.eager or not compiling():
+        if self.eager or (self.compiled is None and not compiling()):  # once built, it costs nothing more
             return None
         if self.compiled is None:
             _settle_probe()

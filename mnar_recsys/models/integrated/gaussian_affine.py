@@ -90,7 +90,6 @@ def _fused_node_sums(mean: torch.Tensor, node_scales: list[torch.Tensor], *, nod
     return total.log(), -slope_sum / total, -slope_t_sum / total
 
 
-
 _compiled_node_sums = Compiled(_fused_node_sums)
 
 
