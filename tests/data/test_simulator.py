@@ -214,6 +214,7 @@ def test_logistic_selection_is_consistent_with_its_truth_and_oracle(logistic_dat
     assert np.corrcoef(params["activity"], params["user_bias"])[0, 1] > 0.08
 
 
+@pytest.mark.slow  # two solves of the selection, 7 s
 def test_logistic_selection_is_reproducible(logistic_data):
     again = simulate_ratings(SimulatorConfig(**LOGISTIC, seed=1))
     assert (again.train != logistic_data.train).nnz == 0 and (again.test != logistic_data.test).nnz == 0

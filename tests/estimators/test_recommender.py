@@ -214,7 +214,8 @@ def test_notmiwae_beats_miwae_and_mf_on_simulated_mnar_ratings(seed):
     assert notmiwae < oracle + 0.6  # the part of the MNAR bias left after 400 steps
 
 
-@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow)])
+@pytest.mark.slow  # an accuracy test, 8 s a seed; tests/models/test_levelwise.py checks the model fast
+@pytest.mark.parametrize("seed", [0, 1])
 def test_levelwise_notmiwae_nears_the_oracle_when_cells_are_selected_independently(seed):
     """The simulator's 'independent' selection draws each cell with an item bias plus a logit per rating
     level: the levelwise missing model's own form. Measured MCAR MSE (1,000 users x 100 items, about 10

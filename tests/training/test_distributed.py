@@ -57,6 +57,7 @@ def test_two_processes_match_one_process_with_the_same_shards(tmp_path):
     assert max_difference(ddp_worker.train(40, 7, shards=1)["state"], multi["state"]) > 1e-3
 
 
+@pytest.mark.slow  # torchrun, 7 s; the fast tier keeps test_one_failing_rank_stops_its_peers
 def test_more_processes_than_training_rows_fail_on_every_rank():
     launched = torchrun("--rows", "1", "--validation-fraction", "0")
     assert launched.returncode != 0
@@ -70,6 +71,7 @@ def test_one_failing_rank_stops_its_peers():
     assert "1 other rank(s) failed before training; rank 0 stops too" in launched.stderr
 
 
+@pytest.mark.slow  # torchrun, 7 s; the fast tier keeps test_one_failing_rank_stops_its_peers
 def test_a_truncated_on_disk_matrix_stops_every_rank(tmp_path):
     folder = save_csr(ddp_worker.ratings(40, 7), tmp_path / "ratings")
     data = folder / "data.npy"
@@ -79,6 +81,7 @@ def test_a_truncated_on_disk_matrix_stops_every_rank(tmp_path):
     assert launched.stderr.count(f"{data} is truncated") >= 2  # each rank names the file, neither waits
 
 
+@pytest.mark.slow  # torchrun, 7 s; the fast tier keeps test_one_failing_rank_stops_its_peers
 def test_an_unavailable_backend_stops_every_rank_before_joining():
     launched = torchrun("--backend", "nccl")  # the worker trains on the CPU
     assert launched.returncode != 0
