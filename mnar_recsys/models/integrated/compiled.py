@@ -91,7 +91,9 @@ class Compiled:
         self.eager = False
 
     def __call__(self, *tensors, **constants):
-        if self.eager or (self.compiled is None and not compiling()):  # once built, it costs nothing more
+        # by the job alone, not by whether this process built the kernel before: a fit's numbers must not depend
+        # on what ran before it (a worker process and the main one give the same records)
+        if self.eager or not compiling():
             return None
         if self.compiled is None:
             _settle_probe()
