@@ -8,10 +8,10 @@ fit's up to float rounding. The stacked pass replaces the models' forward: what 
 
 Supported (the dense UCI models, `unsupported_reason` says why another is not): an MLP encoder; a Gaussian
 decoder with a dense trunk (the 'gaussian' and the PPCA-like 'linear' decoders, any variance and squash);
-the MCAR missing model (the MIWAE) or a per-feature missing model with an affine logit ('self-masking',
-'self-masking-known', 'itemwise') and x_m integrated out; no row offset, no subsampled missing term; dense
-layers with tanh or ReLU between them; one process. A new configuration adds its pass to `_StackedModel`
-and its case to `unsupported_reason`.
+the MCAR missing model (the MIWAE), a per-feature missing model with an affine logit ('self-masking',
+'self-masking-known', 'itemwise') and x_m integrated out, or the agnostic model with x_m drawn; no row
+offset, no subsampled missing term; dense layers with tanh or ReLU between them; one process. A new
+configuration adds its pass to `_StackedModel` and its case to `unsupported_reason`.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from mnar_recsys.models.decoders import GaussianDecoder
 from mnar_recsys.models.encoders import LOGVAR_MAX, LOGVAR_MIN, MLPEncoder
 from mnar_recsys.models.integrated import compiled
 from mnar_recsys.models.integrated.gaussian_affine import masked_log_expected_sigmoid_sum
+from mnar_recsys.models.missing import Agnostic, bernoulli_log_prob
 from mnar_recsys.models.notmiwae import NotMIWAE
 from mnar_recsys.training import distributed
 from mnar_recsys.training.seeds import step_seed
@@ -72,9 +73,11 @@ def unsupported_reason(model: NotMIWAE) -> str | None:
         return "the model has a row offset, which the stacked pass does not have"
     if model.unobserved_samples is not None and not missing.is_mcar:
         return "the missing term is subsampled (unobserved_samples), which the stacked pass does not do"
+    if isinstance(missing, Agnostic):
+        return None if model.missing_factor == "sampled" else "the agnostic model's x_m is sampled, not integrated"
     if not missing.is_mcar and not (missing.per_feature and getattr(missing, "logit_form", None) == "affine"):
-        return (f"the missing model is {type(missing).__name__}; the stacked pass has the MCAR one and per-feature "
-                "ones with an affine logit")
+        return (f"the missing model is {type(missing).__name__}; the stacked pass has the MCAR one, the agnostic "
+                "one and per-feature ones with an affine logit")
     if not missing.is_mcar and not any(True for _ in missing.parameters()):
         return f"the missing model {type(missing).__name__} is fixed (no parameters); the stacked pass learns one"
     if not missing.is_mcar and model.missing_factor != "integrated":
@@ -168,10 +171,11 @@ def fit_stacked(models: list[NotMIWAE], data: "np.ndarray | sp.spmatrix | RowSou
         for iteration in bar:
             batch = np.stack([training[next(order)] for (_, training, _), order in zip(splits, orders)])
             index = torch.from_numpy(batch).to(device)
-            eps = _noise(configs, iteration, 0, [shard.size for shard in distributed.shards_of(batch[0], n_shards)],
-                         config.n_samples, stack.latent_dim, device)
+            noise = _noise(configs, iteration, 0,
+                           [shard.size for shard in distributed.shards_of(batch[0], n_shards)], config.n_samples,
+                           stack.latent_dim, device, n_features=stack.sampled_features)
             optimiser.zero_grad(set_to_none=True)
-            bound = stack.bound(values[index], mask[index], eps)  # (R, B)
+            bound = stack.bound(values[index], mask[index], *noise)  # (R, B)
             sums = bound.sum(-1)
             (-sums.sum() / batch.shape[1]).backward()
             step_values = (sums.detach().double() / batch.shape[1]).tolist()  # the one host synchronisation a step
@@ -209,15 +213,20 @@ def _check_finite(values: list[float], configs: list[TrainConfig], iteration: in
 
 
 def _noise(configs: list[TrainConfig], iteration: int, stream: int, sizes: list[int], n_samples: int,
-           latent_dim: int, device: torch.device, first: int = 0) -> torch.Tensor:
+           latent_dim: int, device: torch.device, first: int = 0,
+           n_features: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Each run's eps (R, rows, K, d), chunk c (of sizes[c - first] rows) of run r drawn after
-    step_seed(seed_r, iteration, stream, c), as `fit` draws a shard's (stream 0) or a held-out chunk's (1)."""
-    draws = []
+    step_seed(seed_r, iteration, stream, c), as `fit` draws a shard's (stream 0) or a held-out chunk's (1); with
+    `n_features`, also the noise (R, rows, K, p) of the x_m draws that a sampled missing factor takes next."""
+    draws, x_draws = [], []
     for config in configs:
         for chunk, size in enumerate(sizes, first):
             step_seed(config.seed, iteration, stream, chunk)
             draws.append(cpu_normal(size, n_samples, latent_dim, device=device))
-    return torch.cat(draws).view(len(configs), -1, n_samples, latent_dim)
+            if n_features:  # the decoder's rsample draws randn_like(loc) right after z's noise
+                x_draws.append(cpu_normal(size, n_samples, n_features, device=device))
+    eps = torch.cat(draws).view(len(configs), -1, n_samples, latent_dim)
+    return eps, torch.cat(x_draws).view(len(configs), -1, n_samples, n_features) if n_features else None
 
 
 def _tanh(x: torch.Tensor) -> torch.Tensor:
@@ -248,7 +257,9 @@ class _StackedModel:
         self.parameters = list(stacked.values())
         self.name_of = {id(p): name for name, p in self.template.named_parameters()}
         missing = self.template.missing_model
-        self.affine = None if missing.is_mcar else _FeatureAffine(missing)
+        self.sampled = isinstance(missing, Agnostic)  # x_m drawn, the logits a linear layer of the completed row
+        self.sampled_features = self.template.n_features if self.sampled else 0
+        self.affine = None if missing.is_mcar or self.sampled else _FeatureAffine(missing)
         self.missing_prefix = "missing_model."
 
     def _linear(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -290,8 +301,10 @@ class _StackedModel:
         slope, intercept = vmap(lambda p: functional_call(self.affine, p, (features,)))(params)
         return slope.reshape(self.runs, 1, 1, -1), intercept.reshape(self.runs, 1, 1, -1)
 
-    def bound(self, values: torch.Tensor, mask: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
-        """L_K per run and row, (R, B), for zero-filled rows `values` (R, B, p), their `mask` and eps (R, B, K, d)."""
+    def bound(self, values: torch.Tensor, mask: torch.Tensor, eps: torch.Tensor,
+              x_noise: torch.Tensor | None = None) -> torch.Tensor:
+        """L_K per run and row, (R, B), for zero-filled rows `values` (R, B, p), their `mask`, eps (R, B, K, d) and,
+        for a sampled missing factor, the x_m draws' noise (R, B, K, p)."""
         encoder, decoder = self.template.encoder, self.template.decoder
         mean, logvar = self._linear(encoder.head.linear, self._mlp(encoder.body, values)).chunk(2, dim=-1)
         std = torch.exp(0.5 * logvar.clamp(LOGVAR_MIN, LOGVAR_MAX))
@@ -300,6 +313,12 @@ class _StackedModel:
         log_pz = -(0.5 * z ** 2 + _HALF_LOG_2PI).sum(-1)
         loc, scale = self._decode(z)
         log_px = (mask[:, :, None] * decoder.log_prob((loc, scale), values[:, :, None])).sum(-1)
+        if self.sampled:  # as `NotMIWAE.complete` and `log_ps`: x_m = loc + scale ε, reparameterised
+            runs, n_rows, n_samples, n_features = loc.shape
+            completed = torch.where(mask[:, :, None] > 0, values[:, :, None], loc + scale * x_noise)
+            logits = self._linear(self.template.missing_model.linear, completed.reshape(runs, -1, n_features))
+            log_ps = bernoulli_log_prob(logits.view(runs, n_rows, n_samples, n_features), mask[:, :, None])
+            return importance_weighted_bound(log_px + log_ps + log_pz - log_qz)
         if self.affine is None:
             return importance_weighted_bound(log_px + log_pz - log_qz)
         slope, intercept = self._slope_intercept(values.shape[-1], values.device)
@@ -321,9 +340,10 @@ class _StackedModel:
             chunk_starts = starts[first:first + per_pass]
             end = min(chunk_starts[-1] + batch_size, index.shape[1])
             sizes = [min(batch_size, end - start) for start in chunk_starts]
-            eps = _noise(configs, iteration, 1, sizes, n_samples, self.latent_dim, values.device, first)
+            noise = _noise(configs, iteration, 1, sizes, n_samples, self.latent_dim, values.device, first,
+                           self.sampled_features)
             picked = torch.from_numpy(index[:, chunk_starts[0]:end]).to(values.device)
-            bound = self.bound(values[picked], mask[picked], eps)
+            bound = self.bound(values[picked], mask[picked], *noise)
             sums = torch.stack([part.sum(-1) for part in bound.split(batch_size, dim=1)], -1).tolist()
             totals = [total + sum(run_sums) for total, run_sums in zip(totals, sums)]
         return [total / index.shape[1] for total in totals]

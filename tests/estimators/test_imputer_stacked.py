@@ -67,10 +67,17 @@ def test_imputers_that_differ_in_more_than_their_seed_fit_one_by_one(table, monk
     assert first.lr == 1e-3 and second.lr == 1e-2 and hasattr(first, "model_") and hasattr(second, "model_")
 
 
-def test_a_sampled_missing_factor_trains_its_starts_one_by_one(table, monkeypatch):
-    monkeypatch.setattr(imputer_module, "fit_stacked", lambda *args: pytest.fail("no stacked pass for it"))
-    fitted = _imputer(0, n_init=2, missing="agnostic").fit(table)
-    assert len(fitted.init_scores_) == 2
+def test_the_agnostic_models_starts_train_stacked_too_with_x_m_drawn_as_alone(table, monkeypatch):
+    calls = []
+    stacked = imputer_module.fit_stacked
+    monkeypatch.setattr(imputer_module, "fit_stacked", lambda *args: calls.append(1) or stacked(*args))
+    fast = _imputer(5, n_init=2, missing="agnostic").fit(table)
+    monkeypatch.setattr(imputer_module, "stackable", lambda models, configs: False)
+    slow = _imputer(5, n_init=2, missing="agnostic").fit(table)
+    assert calls == [1] and fast.model_.missing_factor == "sampled"
+    np.testing.assert_allclose(fast.init_scores_, slow.init_scores_, rtol=1e-4)
+    for ours, theirs in zip(_parameters(fast), _parameters(slow)):
+        torch.testing.assert_close(ours, theirs, rtol=2e-4, atol=2e-4)
 
 
 def test_a_start_that_diverges_in_the_stacked_fit_sends_all_of_them_one_by_one(table, monkeypatch):

@@ -56,13 +56,14 @@ def assert_same_fit(single, stacked) -> None:
 
 
 @pytest.mark.parametrize("decoder, missing", [("gaussian", "mcar"), ("gaussian", "self-masking-known"),
-                                              ("gaussian", "self-masking")])
+                                              ("gaussian", "self-masking"), ("gaussian", "agnostic")])
 @pytest.mark.parametrize("validation_fraction", [0.0, 0.2])
 def test_each_stacked_run_is_its_single_fit(rows, decoder, missing, validation_fraction):
     configs = [train_config(seed, validation_fraction=validation_fraction) for seed in SEEDS]
-    single = models(uci_config(decoder, missing))
+    factor = "sampled" if missing == "agnostic" else "integrated"  # the agnostic model's x_m is drawn
+    single = models(uci_config(decoder, missing, missing_factor=factor))
     single_histories = [fit(model, rows, config) for model, config in zip(single, configs)]
-    stacked = models(uci_config(decoder, missing))
+    stacked = models(uci_config(decoder, missing, missing_factor=factor))
     histories = fit_stacked(stacked, rows, configs)
     assert_same_fit(single, stacked)
     for one, other in zip(single_histories, histories):
@@ -109,7 +110,7 @@ def test_runs_with_their_seeds_swapped_are_not_their_single_fits(rows):
 
 
 @pytest.mark.parametrize("changes, reason", [
-    ({"missing": "agnostic", "missing_factor": "sampled"}, "the missing model is Agnostic"),
+    ({"missing": "nonlinear", "missing_factor": "sampled"}, "the missing model is Nonlinear"),
     ({"missing_factor": "sampled"}, "x_m is sampled"),
     ({"encoder": "set"}, "the encoder is a SetEncoder"),
     ({"decoder": "bernoulli"}, "the decoder is a BernoulliDecoder"),
