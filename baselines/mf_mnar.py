@@ -276,11 +276,8 @@ class MFMNAR:
 
     def posterior(self, users: np.ndarray, items: np.ndarray) -> np.ndarray:
         """q(l) for each (users[k], items[k]) pair as an unobserved cell, shape (pairs, L)."""
-        check_fitted(self, "params")
-        u, i = check_pairs(users, items, (len(self.params.user_bias), len(self.params.item_bias)))
-        tensors = self._tensors()
+        tensors, a, eta = self._at_cells(users, items)
         with torch.no_grad():
-            a, eta = tensors.at_cells(torch.from_numpy(u), torch.from_numpy(i))
             return torch.softmax(tensors.unobserved_joint(a, eta), dim=-1).double().numpy()
 
     def predict(self, users: np.ndarray, items: np.ndarray) -> np.ndarray:
@@ -289,13 +286,19 @@ class MFMNAR:
 
     def expected_rating(self, users: np.ndarray, items: np.ndarray) -> np.ndarray:
         """E[r | a] = sum_l l P(l|a), the rating model's mean ignoring that the cell is unobserved, clipped."""
+        tensors, a, _ = self._at_cells(users, items)
+        with torch.no_grad():
+            probs = log_level_probs(a, tensors.thresholds()).exp().double().numpy()
+        return np.clip(probs @ self.levels, *self.config.rating_scale)
+
+    def _at_cells(self, users: np.ndarray, items: np.ndarray):
+        """The fitted tensors and the rating and mask models' linear predictors at the checked (user, item) pairs."""
         check_fitted(self, "params")
         u, i = check_pairs(users, items, (len(self.params.user_bias), len(self.params.item_bias)))
         tensors = self._tensors()
         with torch.no_grad():
-            a, _ = tensors.at_cells(torch.from_numpy(u), torch.from_numpy(i))
-            probs = log_level_probs(a, tensors.thresholds()).exp().double().numpy()
-        return np.clip(probs @ self.levels, *self.config.rating_scale)
+            a, eta = tensors.at_cells(torch.from_numpy(u), torch.from_numpy(i))
+        return tensors, a, eta
 
     def _checked_config(self) -> MFMNARConfig:
         cfg = self.config
