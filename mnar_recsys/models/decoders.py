@@ -24,6 +24,24 @@ from mnar_recsys.models.integrated.base import gauss_hermite
 Params = tuple[torch.Tensor, ...]
 
 
+def squashed(loc: torch.Tensor, squash: tuple[float, float] | None) -> torch.Tensor:
+    """A mean head's output mapped into (lo, hi) by lo + (hi - lo) * sigmoid; unchanged for None."""
+    if squash is None:
+        return loc
+    lo, hi = squash
+    return lo + (hi - lo) * torch.sigmoid(loc)
+
+
+def sd_from_raw(raw: torch.Tensor, min_variance: float) -> torch.Tensor:
+    """A Gaussian sd from its raw parameter or head output: sqrt(softplus(raw) + min_variance)."""
+    return torch.sqrt(F.softplus(raw) + min_variance)
+
+
+def gaussian_log_prob(loc: torch.Tensor, scale: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """log N(x | loc, scale²), elementwise."""
+    return -0.5 * ((x - loc) / scale) ** 2 - torch.log(scale) - 0.5 * math.log(2 * math.pi)
+
+
 def _trunk(latent_dim: int, hidden: tuple[int, ...], activation: type[nn.Module]) -> tuple[nn.Module, int]:
     if not hidden:
         return nn.Identity(), latent_dim
@@ -197,18 +215,14 @@ class GaussianDecoder(ObservationModel):
 
     def squash_mean(self, loc: torch.Tensor) -> torch.Tensor:
         """The mean head's output mapped into `squash` (unchanged without one)."""
-        if self.squash is None:
-            return loc
-        lo, hi = self.squash
-        return lo + (hi - lo) * torch.sigmoid(loc)
+        return squashed(loc, self.squash)
 
     def scale_of(self, raw: torch.Tensor) -> torch.Tensor:
         """The sd from the variance's raw parameter or head output, floored at `min_variance`."""
-        return torch.sqrt(F.softplus(raw) + self.min_variance)
+        return sd_from_raw(raw, self.min_variance)
 
     def log_prob(self, params: Params, x: torch.Tensor) -> torch.Tensor:
-        loc, scale = params
-        return -0.5 * ((x - loc) / scale) ** 2 - torch.log(scale) - 0.5 * math.log(2 * math.pi)
+        return gaussian_log_prob(*params, x)
 
     def rsample(self, params: Params) -> torch.Tensor:
         loc, scale = params

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import fields
+from typing import NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
@@ -30,10 +31,14 @@ from tqdm.auto import tqdm
 from mnar_recsys.data.rows import RowSource
 from mnar_recsys.devices import cpu_normal, resolve_device
 from mnar_recsys.models.bound import importance_weighted_bound
-from mnar_recsys.models.decoders import GaussianDecoder
+from mnar_recsys.models.decoders import GaussianDecoder, gaussian_log_prob, sd_from_raw, squashed
 from mnar_recsys.models.encoders import LOGVAR_MAX, LOGVAR_MIN, MLPEncoder
 from mnar_recsys.models.integrated import compiled
-from mnar_recsys.models.integrated.gaussian_affine import masked_log_expected_sigmoid_sum
+from mnar_recsys.models.integrated.base import gauss_hermite
+from mnar_recsys.models.integrated.gaussian_affine import (
+    log_expected_sigmoid_composed,
+    masked_log_expected_sigmoid_sum,
+)
 from mnar_recsys.models.missing import Agnostic, bernoulli_log_prob
 from mnar_recsys.models.notmiwae import NotMIWAE
 from mnar_recsys.training import distributed
@@ -175,7 +180,7 @@ def fit_stacked(models: list[NotMIWAE], data: "np.ndarray | sp.spmatrix | RowSou
                            [shard.size for shard in distributed.shards_of(batch[0], n_shards)], config.n_samples,
                            stack.latent_dim, device, n_features=stack.sampled_features)
             optimiser.zero_grad(set_to_none=True)
-            bound = stack.bound(values[index], mask[index], *noise)  # (R, B)
+            bound = stack.training_bound(values[index], mask[index], *noise)  # (R, B)
             sums = bound.sum(-1)
             (-sums.sum() / batch.shape[1]).backward()
             step_values = (sums.detach().double() / batch.shape[1]).tolist()  # the one host synchronisation a step
@@ -234,6 +239,106 @@ def _tanh(x: torch.Tensor) -> torch.Tensor:
     return torch.sigmoid(x * 2).mul(2).sub(1)
 
 
+class _Linear(NamedTuple):
+    """A dense layer by its parameters' names in the stacked state."""
+
+    weight: str
+    bias: str
+
+
+class _Spec(NamedTuple):
+    """What the stacked bound reads of the template model, as constants that torch.compile specialises on:
+    dense layers by parameter name, activations as 'tanh' / 'relu' between them."""
+
+    encoder: tuple[_Linear | str, ...]  # the MLP encoder's body and head
+    trunk: tuple[_Linear | str, ...]  # the decoder's dense trunk
+    mean_head: _Linear
+    var_head: _Linear | None  # per-row variances
+    raw_var: str | None  # variances shared across rows
+    squash: tuple[float, float] | None
+    min_variance: float
+    missing: str  # 'mcar', 'affine' (x_m integrated) or 'sampled' (the agnostic model)
+    missing_linear: _Linear | None  # the agnostic model's logits
+    quadrature_points: int
+    nodes: tuple[float, ...]
+    weights: tuple[float, ...]
+
+
+def _spec(model: NotMIWAE) -> _Spec:
+    name_of = {id(p): name for name, p in model.named_parameters()}
+
+    def layers(module: nn.Module) -> tuple[_Linear | str, ...]:
+        if isinstance(module, nn.Sequential):
+            return tuple(entry for part in module for entry in layers(part))
+        if isinstance(module, nn.Linear):
+            return (_Linear(name_of[id(module.weight)], name_of[id(module.bias)]),)
+        return {nn.Tanh: ("tanh",), nn.ReLU: ("relu",)}.get(type(module), ())  # nn.Identity: nothing
+
+    encoder, decoder, missing = model.encoder, model.decoder, model.missing_model
+    per_row = decoder.variance == "per_row"
+    nodes, weights = gauss_hermite(decoder.quadrature_points)
+    kind = "mcar" if missing.is_mcar else "sampled" if isinstance(missing, Agnostic) else "affine"
+    return _Spec(encoder=layers(encoder.body) + layers(encoder.head.linear), trunk=layers(decoder.trunk),
+                 mean_head=layers(decoder.mean_head)[0], var_head=layers(decoder.var_head)[0] if per_row else None,
+                 raw_var=None if per_row else name_of[id(decoder.raw_var)], squash=decoder.squash,
+                 min_variance=decoder.min_variance, missing=kind,
+                 missing_linear=layers(missing.linear)[0] if kind == "sampled" else None,
+                 quadrature_points=decoder.quadrature_points, nodes=nodes, weights=weights)
+
+
+def _linear(params: dict[str, torch.Tensor], layer: _Linear, x: torch.Tensor) -> torch.Tensor:
+    """A dense layer for every run at once: x (R, n, in) -> (R, n, out)."""
+    return torch.baddbmm(params[layer.bias][:, None], x, params[layer.weight].transpose(1, 2))
+
+
+def _mlp(params: dict[str, torch.Tensor], layers: tuple[_Linear | str, ...], x: torch.Tensor) -> torch.Tensor:
+    for layer in layers:
+        x = _tanh(x) if layer == "tanh" else F.relu(x) if layer == "relu" else _linear(params, layer, x)
+    return x
+
+
+def _stacked_bound(params: dict[str, torch.Tensor], values: torch.Tensor, mask: torch.Tensor, eps: torch.Tensor,
+                   x_noise: torch.Tensor | None, slope: torch.Tensor | None, intercept: torch.Tensor | None, *,
+                   spec: _Spec, traceable: bool) -> torch.Tensor:
+    """L_K per run and row, (R, B), from the stacked parameters: zero-filled rows `values` (R, B, p), their
+    `mask`, eps (R, B, K, d), for a sampled missing factor the x_m draws' noise (R, B, K, p), and for an affine
+    missing model its (slope, intercept), (R, 1, 1, p or 1) each. `traceable` integrates x_m out by autograd
+    through the quadrature, which torch.compile fuses; otherwise by the hand-written kernel."""
+    mean, logvar = _mlp(params, spec.encoder, values).chunk(2, dim=-1)
+    std = torch.exp(0.5 * logvar.clamp(LOGVAR_MIN, LOGVAR_MAX))
+    z = mean[:, :, None] + std[:, :, None] * eps
+    log_qz = -(0.5 * eps ** 2 + torch.log(std)[:, :, None] + _HALF_LOG_2PI).sum(-1)
+    log_pz = -(0.5 * z ** 2 + _HALF_LOG_2PI).sum(-1)
+    runs, n_rows, n_samples = z.shape[:3]
+    h = _mlp(params, spec.trunk, z.reshape(runs, n_rows * n_samples, -1))
+    loc = squashed(_linear(params, spec.mean_head, h), spec.squash).view(runs, n_rows, n_samples, -1)
+    if spec.var_head is not None:
+        scale = sd_from_raw(_linear(params, spec.var_head, h), spec.min_variance).view(runs, n_rows, n_samples, -1)
+    else:
+        scale = sd_from_raw(params[spec.raw_var], spec.min_variance).view(runs, 1, 1, -1)
+    log_px = (mask[:, :, None] * gaussian_log_prob(loc, scale, values[:, :, None])).sum(-1)
+    if spec.missing == "mcar":
+        return importance_weighted_bound(log_px + log_pz - log_qz)
+    if spec.missing == "sampled":  # as `NotMIWAE.complete` and `log_ps`: x_m = loc + scale ε, reparameterised
+        n_features = loc.shape[-1]
+        completed = torch.where(mask[:, :, None] > 0, values[:, :, None], loc + scale * x_noise)
+        logits = _linear(params, spec.missing_linear, completed.reshape(runs, -1, n_features))
+        log_ps = bernoulli_log_prob(logits.view(runs, n_rows, n_samples, n_features), mask[:, :, None])
+        return importance_weighted_bound(log_px + log_ps + log_pz - log_qz)
+    observed = (mask * F.logsigmoid(slope[:, 0] * values + intercept[:, 0])).sum(-1, keepdim=True)
+    keep, sd = (1 - mask)[:, :, None], slope.abs() * scale
+    if traceable:
+        log_missing = log_expected_sigmoid_composed(slope * loc + intercept, sd, spec.nodes, spec.weights)
+        unobserved = (keep * log_missing).sum(-1)
+    else:
+        unobserved = masked_log_expected_sigmoid_sum(loc, slope, intercept, sd, keep, None, spec.quadrature_points)
+    return importance_weighted_bound(log_px + (observed + unobserved) + log_pz - log_qz)
+
+
+#: the training step's bound and its backward, one compiled graph per architecture and shape
+_compiled_bound = compiled.Compiled(_stacked_bound, differentiable=True, dynamic=False)
+
+
 class _FeatureAffine(nn.Module):
     """The missing model's (slope, intercept) per feature as a forward pass, for `functional_call`."""
 
@@ -255,46 +360,17 @@ class _StackedModel:
         stacked, _ = stack_module_state(models)  # fresh leaves, detached from the models
         self.stacked = stacked
         self.parameters = list(stacked.values())
-        self.name_of = {id(p): name for name, p in self.template.named_parameters()}
-        missing = self.template.missing_model
-        self.sampled = isinstance(missing, Agnostic)  # x_m drawn, the logits a linear layer of the completed row
-        self.sampled_features = self.template.n_features if self.sampled else 0
-        self.affine = None if missing.is_mcar or self.sampled else _FeatureAffine(missing)
+        self.spec = _spec(self.template)
+        self.sampled_features = self.template.n_features if self.spec.missing == "sampled" else 0
+        self.affine = _FeatureAffine(self.template.missing_model) if self.spec.missing == "affine" else None
         self.missing_prefix = "missing_model."
 
-    def _linear(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        """layer(x) for every run at once: x (R, n, in) -> (R, n, out)."""
-        weight, bias = self.stacked[self.name_of[id(layer.weight)]], self.stacked[self.name_of[id(layer.bias)]]
-        return torch.baddbmm(bias[:, None], x, weight.transpose(1, 2))
-
-    def _mlp(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        if isinstance(module, nn.Sequential):
-            for part in module:
-                x = self._mlp(part, x)
-            return x
-        if isinstance(module, nn.Linear):
-            return self._linear(module, x)
-        if isinstance(module, nn.Tanh):
-            return _tanh(x)
-        if isinstance(module, nn.ReLU):
-            return F.relu(x)
-        return x  # nn.Identity: `unsupported_reason` lets nothing else through
-
-    def _decode(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The Gaussian decoder's (loc, scale) for z (R, B, K, d): loc (R, B, K, p), scale that or (R, 1, 1, p)."""
-        decoder = self.template.decoder
-        runs, n_rows, n_samples = z.shape[:3]
-        h = self._mlp(decoder.trunk, z.reshape(runs, n_rows * n_samples, -1))
-        loc = decoder.squash_mean(self._linear(decoder.mean_head, h)).view(runs, n_rows, n_samples, -1)
-        if decoder.variance == "per_row":
-            scale = decoder.scale_of(self._linear(decoder.var_head, h)).view(runs, n_rows, n_samples, -1)
-        else:
-            scale = decoder.scale_of(self.stacked[self.name_of[id(decoder.raw_var)]]).view(runs, 1, 1, -1)
-        return loc, scale
-
-    def _slope_intercept(self, n_features: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def _slope_intercept(self, n_features: int,
+                         device: torch.device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Each run's missing-model (slope, intercept) per feature, (R, 1, 1, p) or (R, 1, 1, 1) each, from the
-        model's own `feature_affine` mapped over the stacked parameters."""
+        model's own `feature_affine` mapped over the stacked parameters; (None, None) without an affine one."""
+        if self.affine is None:
+            return None, None
         params = {"model." + name[len(self.missing_prefix):]: p for name, p in self.stacked.items()
                   if name.startswith(self.missing_prefix)}
         features = torch.arange(n_features, device=device)
@@ -305,27 +381,21 @@ class _StackedModel:
               x_noise: torch.Tensor | None = None) -> torch.Tensor:
         """L_K per run and row, (R, B), for zero-filled rows `values` (R, B, p), their `mask`, eps (R, B, K, d) and,
         for a sampled missing factor, the x_m draws' noise (R, B, K, p)."""
-        encoder, decoder = self.template.encoder, self.template.decoder
-        mean, logvar = self._linear(encoder.head.linear, self._mlp(encoder.body, values)).chunk(2, dim=-1)
-        std = torch.exp(0.5 * logvar.clamp(LOGVAR_MIN, LOGVAR_MAX))
-        z = mean[:, :, None] + std[:, :, None] * eps
-        log_qz = -(0.5 * eps ** 2 + torch.log(std)[:, :, None] + _HALF_LOG_2PI).sum(-1)
-        log_pz = -(0.5 * z ** 2 + _HALF_LOG_2PI).sum(-1)
-        loc, scale = self._decode(z)
-        log_px = (mask[:, :, None] * decoder.log_prob((loc, scale), values[:, :, None])).sum(-1)
-        if self.sampled:  # as `NotMIWAE.complete` and `log_ps`: x_m = loc + scale ε, reparameterised
-            runs, n_rows, n_samples, n_features = loc.shape
-            completed = torch.where(mask[:, :, None] > 0, values[:, :, None], loc + scale * x_noise)
-            logits = self._linear(self.template.missing_model.linear, completed.reshape(runs, -1, n_features))
-            log_ps = bernoulli_log_prob(logits.view(runs, n_rows, n_samples, n_features), mask[:, :, None])
-            return importance_weighted_bound(log_px + log_ps + log_pz - log_qz)
-        if self.affine is None:
-            return importance_weighted_bound(log_px + log_pz - log_qz)
         slope, intercept = self._slope_intercept(values.shape[-1], values.device)
-        observed = (mask * F.logsigmoid(slope[:, 0] * values + intercept[:, 0])).sum(-1, keepdim=True)
-        unobserved = masked_log_expected_sigmoid_sum(loc, slope, intercept, slope.abs() * scale,
-                                                     (1 - mask)[:, :, None], None, decoder.quadrature_points)
-        return importance_weighted_bound(log_px + (observed + unobserved) + log_pz - log_qz)
+        return _stacked_bound(self.stacked, values, mask, eps, x_noise, slope, intercept, spec=self.spec,
+                              traceable=False)
+
+    def training_bound(self, values: torch.Tensor, mask: torch.Tensor, eps: torch.Tensor,
+                       x_noise: torch.Tensor | None = None) -> torch.Tensor:
+        """`bound` for a training step: on a CPU, where the job compiles (`models.integrated.compiled`), one
+        compiled graph with its backward, which spares the step most of its operators' dispatch."""
+        if values.device.type == "cpu":
+            slope, intercept = self._slope_intercept(values.shape[-1], values.device)
+            out = _compiled_bound(self.stacked, values, mask, eps, x_noise, slope, intercept, spec=self.spec,
+                                  traceable=True)
+            if out is not None:
+                return out
+        return self.bound(values, mask, eps, x_noise)
 
     @torch.no_grad()
     def mean_bound(self, values: torch.Tensor, mask: torch.Tensor, index: np.ndarray, configs: list[TrainConfig],

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from mnar_recsys.models.config import ModelConfig, build_model
+from mnar_recsys.training import stacked as stacked_module
 from mnar_recsys.training.seeds import seeded
 from mnar_recsys.training.stacked import UnsupportedStack, fit_stacked, unsupported_reason
 from mnar_recsys.training.trainer import TrainConfig, TrainingDiverged, fit
@@ -74,6 +75,28 @@ def test_each_stacked_run_is_its_single_fit(rows, decoder, missing, validation_f
     if validation_fraction:  # the held-out choice has teeth: the runs keep different iterations' parameters
         assert all(h.best_iteration is not None for h in histories)
     assert all(not model.training for model in stacked)
+
+
+@pytest.mark.parametrize("missing", [pytest.param("mcar", marks=pytest.mark.slow), "self-masking",
+                                     pytest.param("agnostic", marks=pytest.mark.slow)])
+def test_the_compiled_stacked_step_gives_each_run_its_single_fit(rows, monkeypatch, missing):
+    """Where a job compiles (long fits; forced here), the stacked bound and its backward run as one compiled
+    graph, its quadrature through autograd rather than the hand-written kernel: the same fits, to rounding."""
+    configs = [train_config(seed) for seed in SEEDS]
+    factor = "sampled" if missing == "agnostic" else "integrated"
+    single = models(uci_config("gaussian", missing, missing_factor=factor))
+    for model, config in zip(single, configs):
+        fit(model, rows, config)
+    stacked = models(uci_config("gaussian", missing, missing_factor=factor))
+    monkeypatch.setenv("MNAR_RECSYS_COMPILE", "1")
+    eager_calls = []
+    eager = stacked_module._stacked_bound
+    monkeypatch.setattr(stacked_module, "_stacked_bound",
+                        lambda *args, **kwargs: eager_calls.append(1) or eager(*args, **kwargs))
+    fit_stacked(stacked, rows, configs)
+    assert stacked_module._compiled_bound.compiled is not None and not stacked_module._compiled_bound.eager
+    assert not eager_calls  # no held-out rows here: every step ran the compiled graph
+    assert_same_fit(single, stacked)
 
 
 @pytest.mark.slow  # the shared variance's compiled quadrature kernel takes a while to build

@@ -19,7 +19,7 @@ import shutil
 import sys
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -81,12 +81,14 @@ class Compiled:
     few times slower than the node loop; a process that fits several models (ranks, feature counts, shapes
     with a dimension of 1, grad or not) can need more, so the limit is raised for these calls. The function
     itself is compiled rather than a partial of it, which would share that limit with every other partial.
-    Calls run without autograd, which the callers do by hand, and return None where the caller is to run
-    eagerly: where `compiling` says so, and from the call on where compiling failed (no C++ compiler), after
-    one warning."""
+    Calls run without autograd, which the callers do by hand, unless `differentiable`, where torch.compile
+    builds the backward pass too; `dynamic=False` specialises on the shapes (a fit's, which do not change).
+    A call returns None where the caller is to run eagerly: where `compiling` says so, and from the call on
+    where compiling failed (no C++ compiler), after one warning."""
 
-    def __init__(self, function):
+    def __init__(self, function, differentiable: bool = False, dynamic: bool = True):
         self.function = function
+        self.differentiable, self.dynamic = differentiable, dynamic
         self.compiled = None  # built at the first call: torch.compile's machinery takes seconds to import
         self.eager = False
 
@@ -97,12 +99,13 @@ class Compiled:
             return None
         if self.compiled is None:
             _settle_probe()
-            self.compiled = torch.compile(self.function, dynamic=True)
+            self.compiled = torch.compile(self.function, dynamic=self.dynamic)
         try:
-            with torch.no_grad(), torch._dynamo.config.patch(recompile_limit=_RECOMPILE_LIMIT):
+            with (nullcontext() if self.differentiable else torch.no_grad()), \
+                    torch._dynamo.config.patch(recompile_limit=_RECOMPILE_LIMIT):
                 return self.compiled(*tensors, **constants)
         except torch._dynamo.exc.BackendCompilerFailed as error:
-            warnings.warn(f"torch.compile could not build the quadrature kernel ({str(error).splitlines()[0]}); "
+            warnings.warn(f"torch.compile could not build {self.function.__name__} ({str(error).splitlines()[0]}); "
                           "it runs eagerly from now on, 2 to 3 times slower", RuntimeWarning, stacklevel=3)
             self.eager = True
             return None

@@ -153,6 +153,15 @@ def log_expected_sigmoid(mean: torch.Tensor, sd: torch.Tensor, n_points: int = 8
     return _LogExpectedSigmoid.apply(mean, sd, nodes, weights, torch.is_grad_enabled())
 
 
+def log_expected_sigmoid_composed(mean: torch.Tensor, sd: torch.Tensor, nodes: tuple[float, ...],
+                                  weights: tuple[float, ...]) -> torch.Tensor:
+    """`log_expected_sigmoid` by the rule (nodes, weights) written as plain tensor operations, one (..., H)
+    tensor, for autograd and torch.compile (which fuses it) inside a larger compiled graph."""
+    t, w = mean.new_tensor(nodes), mean.new_tensor(weights)
+    total = (torch.sigmoid(-(mean[..., None] + sd[..., None] * t)) * w).sum(-1)
+    return total.clamp_min(torch.finfo(mean.dtype).tiny).log()
+
+
 def _fused_masked_sums(loc: torch.Tensor, keep: torch.Tensor, slope: torch.Tensor, intercept: torch.Tensor,
                        offset: torch.Tensor | None, node_scales: list[torch.Tensor], *, nodes: tuple[float, ...],
                        weights: tuple[float, ...], needs_grad: bool) -> tuple[torch.Tensor, ...]:
