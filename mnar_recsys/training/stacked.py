@@ -259,8 +259,7 @@ class _Spec(NamedTuple):
     min_variance: float
     missing: str  # 'mcar', 'affine' (x_m integrated) or 'sampled' (the agnostic model)
     missing_linear: _Linear | None  # the agnostic model's logits
-    quadrature_points: int
-    nodes: tuple[float, ...]
+    nodes: tuple[float, ...]  # the Gauss-Hermite rule's
     weights: tuple[float, ...]
 
 
@@ -283,7 +282,7 @@ def _spec(model: NotMIWAE) -> _Spec:
                  raw_var=None if per_row else name_of[id(decoder.raw_var)], squash=decoder.squash,
                  min_variance=decoder.min_variance, missing=kind,
                  missing_linear=layers(missing.linear)[0] if kind == "sampled" else None,
-                 quadrature_points=decoder.quadrature_points, nodes=nodes, weights=weights)
+                 nodes=nodes, weights=weights)
 
 
 def _linear(params: dict[str, torch.Tensor], layer: _Linear, x: torch.Tensor) -> torch.Tensor:
@@ -331,7 +330,7 @@ def _stacked_bound(params: dict[str, torch.Tensor], values: torch.Tensor, mask: 
         log_missing = log_expected_sigmoid_composed(slope * loc + intercept, sd, spec.nodes, spec.weights)
         unobserved = (keep * log_missing).sum(-1)
     else:
-        unobserved = masked_log_expected_sigmoid_sum(loc, slope, intercept, sd, keep, None, spec.quadrature_points)
+        unobserved = masked_log_expected_sigmoid_sum(loc, slope, intercept, sd, keep, None, len(spec.nodes))
     return importance_weighted_bound(log_px + (observed + unobserved) + log_pz - log_qz)
 
 
@@ -389,13 +388,14 @@ class _StackedModel:
                        x_noise: torch.Tensor | None = None) -> torch.Tensor:
         """`bound` for a training step: on a CPU, where the job compiles (`models.integrated.compiled`), one
         compiled graph with its backward, which spares the step most of its operators' dispatch."""
+        slope, intercept = self._slope_intercept(values.shape[-1], values.device)
         if values.device.type == "cpu":
-            slope, intercept = self._slope_intercept(values.shape[-1], values.device)
             out = _compiled_bound(self.stacked, values, mask, eps, x_noise, slope, intercept, spec=self.spec,
                                   traceable=True)
             if out is not None:
                 return out
-        return self.bound(values, mask, eps, x_noise)
+        return _stacked_bound(self.stacked, values, mask, eps, x_noise, slope, intercept, spec=self.spec,
+                              traceable=False)
 
     @torch.no_grad()
     def mean_bound(self, values: torch.Tensor, mask: torch.Tensor, index: np.ndarray, configs: list[TrainConfig],
