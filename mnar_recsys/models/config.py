@@ -11,9 +11,9 @@ from torch import nn
 
 from mnar_recsys.checks import check_positive_finite, check_positive_integer, is_integer, is_positive_integer
 from mnar_recsys.models import decoders, encoders, missing
+from mnar_recsys.models.activations import ACTIVATIONS
 from mnar_recsys.models.notmiwae import NotMIWAE
 
-ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh}
 ENCODERS = ("mlp", "set", "conv")
 INITS = ("torch", "glorot")
 #: missing model name -> the function that builds it from a config; `register_missing_model` adds one

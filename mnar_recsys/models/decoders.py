@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mnar_recsys.models.activations import Tanh
 from mnar_recsys.models.encoders import mlp
 from mnar_recsys.models.gather import take
 from mnar_recsys.models.integrated.base import gauss_hermite
@@ -122,6 +123,13 @@ class ObservationModel(nn.Module):
         raise NotImplementedError(f"{type(self).__name__} has no scale to bracket the conditional median with")
 
     @property
+    def hidden_width(self) -> int:
+        """The widest hidden layer of the decoder's dense `trunk` (0 without one): computed for each sample, it
+        sizes the blocks of an importance pass as the outputs do, and outgrows them where features are few."""
+        trunk = getattr(self, "trunk", None)
+        return max((m.out_features for m in trunk.modules() if isinstance(m, nn.Linear)), default=0) if trunk else 0
+
+    @property
     def has_cdf(self) -> bool:
         """Whether the decoder gives its CDF, which the conditional median needs."""
         return type(self).cdf is not ObservationModel.cdf
@@ -147,7 +155,7 @@ class GaussianDecoder(ObservationModel):
     integrable = True
 
     def __init__(self, latent_dim: int, n_features: int, hidden: tuple[int, ...] = (128, 128),
-                 activation: type[nn.Module] = nn.Tanh, squash: tuple[float, float] | None = None,
+                 activation: type[nn.Module] = Tanh, squash: tuple[float, float] | None = None,
                  variance: str = "shared", min_variance: float = 1e-3, quadrature_points: int = 8,
                  mean_net: nn.Module | None = None):
         super().__init__()
@@ -271,7 +279,7 @@ class CategoricalDecoder(ObservationModel):
     integrable = True
 
     def __init__(self, latent_dim: int, n_features: int, levels: tuple[int, int] = (1, 5),
-                 hidden: tuple[int, ...] = (), activation: type[nn.Module] = nn.Tanh, temperature: float = 0.5):
+                 hidden: tuple[int, ...] = (), activation: type[nn.Module] = Tanh, temperature: float = 0.5):
         super().__init__()
         lo, hi = levels
         if hi <= lo:
@@ -341,7 +349,7 @@ class BernoulliDecoder(ObservationModel):
     integrable = True
 
     def __init__(self, latent_dim: int, n_features: int, hidden: tuple[int, ...] = (128, 128),
-                 activation: type[nn.Module] = nn.Tanh, temperature: float = 0.5):
+                 activation: type[nn.Module] = Tanh, temperature: float = 0.5):
         super().__init__()
         self.temperature = temperature
         self.trunk, width = _trunk(latent_dim, hidden, activation)
@@ -391,7 +399,7 @@ class StudentTDecoder(ObservationModel):
     family = "student-t"
 
     def __init__(self, latent_dim: int, n_features: int, hidden: tuple[int, ...] = (128, 128),
-                 activation: type[nn.Module] = nn.Tanh, min_scale: float = 1e-2):
+                 activation: type[nn.Module] = Tanh, min_scale: float = 1e-2):
         super().__init__()
         self.min_scale = min_scale
         self.trunk, width = _trunk(latent_dim, hidden, activation)

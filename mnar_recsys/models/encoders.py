@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from mnar_recsys.data.rows import RowBatch
+from mnar_recsys.models.activations import Tanh
 from mnar_recsys.models.gather import sum_by_row, take
 
 # Keep q's variance in a range where exp() neither underflows nor explodes early in training.
@@ -42,7 +43,7 @@ class MLPEncoder(nn.Module):
     """The paper's UCI encoder: zero-imputed row through dense tanh layers."""
 
     def __init__(self, n_features: int, latent_dim: int, hidden: tuple[int, ...] = (128, 128),
-                 activation: type[nn.Module] = nn.Tanh):
+                 activation: type[nn.Module] = Tanh):
         super().__init__()
         self.body = nn.Sequential(mlp([n_features, *hidden], activation), activation()) if hidden else nn.Identity()
         self.head = GaussianHead(hidden[-1] if hidden else n_features, latent_dim)

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mnar_recsys.models.activations import Tanh
 from mnar_recsys.models.encoders import mlp
 from mnar_recsys.models.gather import take
 
@@ -247,7 +248,7 @@ class Nonlinear(MissingModel):
 
     def __init__(self, n_features: int, hidden: tuple[int, ...] = (64,)):
         super().__init__()
-        self.net = mlp([n_features, *hidden, n_features], nn.Tanh)
+        self.net = mlp([n_features, *hidden, n_features], Tanh)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)

@@ -108,10 +108,12 @@ class NotMIWAE(nn.Module):
 
     def entries_per_sample(self, batch: RowBatch, n_targets: int = 0) -> int:
         """How many values one sample of `sample(batch, K, targets)` computes, with `n_targets` targets in all:
-        every feature of every row, or for the MIWAE the observed and target entries and each row's z."""
+        every feature of every row, or for the MIWAE the observed and target entries and each row's z, and
+        each row's widest hidden layer of the decoder, which outgrows the rest where features are few."""
+        hidden = batch.n_rows * self.decoder.hidden_width
         if self.missing_model.is_mcar:
-            return max(1, batch.obs_row.numel() + n_targets + batch.n_rows * self.latent_dim)
-        return max(1, batch.n_rows * self.n_features)
+            return max(1, batch.obs_row.numel() + n_targets + batch.n_rows * self.latent_dim + hidden)
+        return max(1, batch.n_rows * self.n_features + hidden)
 
     def exact_terms(self, batch: RowBatch, n_samples: int) -> BoundTerms:
         """The bound's four log-terms, exactly, whatever `unobserved_samples` says; the MIWAE's from the

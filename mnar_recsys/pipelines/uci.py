@@ -142,8 +142,8 @@ def run_one(dataset: str, model: str, complete: np.ndarray, mask: np.ndarray, ma
     """Fit and score one model on one data set for one run; return its results record."""
     imputer = make_imputer(model, config, config.seed + run, progress)
     start = time.perf_counter()
-    imputed = imputer.fit(masked).transform(masked)
-    return _record(dataset, model, complete, mask, masked, run, config, imputer, imputed,
+    imputed, log_likelihood = _imputed_and_scored(model, imputer.fit(masked), masked)
+    return _record(dataset, model, complete, mask, masked, run, config, imputer, imputed, log_likelihood,
                    time.perf_counter() - start, 1)
 
 
@@ -160,9 +160,9 @@ def run_runs(dataset: str, model: str, complete: np.ndarray, mask: np.ndarray, m
     records = []
     for run, imputer in zip(runs, imputers):
         start = time.perf_counter()
-        imputed = imputer.transform(masked)
+        imputed, log_likelihood = _imputed_and_scored(model, imputer, masked)
         records.append(_record(dataset, model, complete, mask, masked, run, config, imputer, imputed,
-                               share + time.perf_counter() - start, len(runs)))
+                               log_likelihood, share + time.perf_counter() - start, len(runs)))
     return records
 
 
@@ -176,17 +176,25 @@ def stacks(model: str, config: UCIConfig, n_features: int) -> bool:
     return unsupported_reason(probe) is None
 
 
+def _imputed_and_scored(model: str, imputer: BaseEstimator, masked: np.ndarray) -> tuple[np.ndarray, float | None]:
+    """The fitted imputer's imputation of `masked` and, for a neural model, the fit's own measure of itself,
+    known without the truth (it compares runs of one model): the mean log-likelihood of the rows, from the
+    imputation's draws. With n_init > 1 every fit was scored already, on these rows in these units
+    (standardize=False), and the kept one scored highest (fmax: a NaN score is never kept over a number)."""
+    if model not in NEURAL_MODELS:
+        return imputer.transform(masked), None
+    if imputer.init_scores_ is not None:
+        return imputer.transform(masked), float(np.fmax.reduce(imputer.init_scores_))
+    return imputer.transform_and_score(masked)
+
+
 def _record(dataset: str, model: str, complete: np.ndarray, mask: np.ndarray, masked: np.ndarray, run: int,
-            config: UCIConfig, imputer: BaseEstimator, imputed: np.ndarray, seconds: float,
-            stacked_runs: int) -> dict[str, Any]:
+            config: UCIConfig, imputer: BaseEstimator, imputed: np.ndarray, log_likelihood: float | None,
+            seconds: float, stacked_runs: int) -> dict[str, Any]:
     """The results record of one fitted run; `stacked_runs`: how many runs its fit trained at once."""
-    accuracy = log_likelihood = scores = None
+    accuracy = scores = None
     if model in NEURAL_MODELS:
-        # the fit's own measure of itself, known without the truth: it compares runs of one model. With
-        # n_init > 1 every fit was scored already, on these rows in these units (standardize=False), and the
-        # kept one scored highest (fmax: a NaN score is never kept over a number)
         scores = imputer.init_scores_
-        log_likelihood = imputer.score(masked) if scores is None else float(np.fmax.reduce(scores))
         if NEURAL_MODELS[model][1] != "mcar":
             accuracy = imputer.mask_accuracy(complete, mask)
     model_config = imputer.model_config(complete.shape[1]).to_dict() if model in NEURAL_MODELS else None

@@ -88,6 +88,23 @@ def test_score_is_the_log_likelihood_of_the_data_in_its_own_units(self_masked):
     assert base.score(Xm) > barely.score(Xm) + 1
 
 
+@pytest.mark.parametrize("missing", ["self-masking", "agnostic", "mcar"])
+def test_transform_and_score_give_both_from_one_pass(self_masked, missing):
+    """One importance pass gives transform's imputation and score's estimate from the same draws, x_m
+    integrated or sampled (the MIWAE's imputation could split its samples otherwise where they fill more than
+    one block; here they fill one)."""
+    _, _, Xm = self_masked
+    imputer = NotMIWAEImputer(**{**SHORT, "missing": missing, "importance_samples": 500}).fit(Xm)
+    imputed, score = imputer.transform_and_score(Xm)
+    np.testing.assert_array_equal(imputed, imputer.transform(Xm))
+    assert score == pytest.approx(imputer.score(Xm), abs=1e-6)
+    assert score > imputer.score(Xm * 2) + 1  # the density of the rows it is given
+    complete = np.nan_to_num(Xm)  # nothing to impute, so no pass: score's own estimate
+    imputed, score = imputer.transform_and_score(complete)
+    np.testing.assert_array_equal(imputed, complete)
+    assert score == imputer.score(complete)
+
+
 def test_n_init_keeps_the_fit_whose_rows_score_highest(self_masked):
     _, _, Xm = self_masked
     params = {**SHORT, "iterations": 60, "missing": "self-masking", "standardize": False}

@@ -71,7 +71,7 @@ def test_the_miwae_imputes_like_a_missing_model_that_ignores_x(decoder, monkeypa
     miwae, flat = models(decoder)
     data = ratings()
     rows, cols = np.repeat(np.arange(12), 4), np.tile([0, 5, 17, 29], 12)
-    config = ImportanceConfig(n_samples=300, chunk_entries=12 * FEATURES * 300, seed=3)  # one sub-chunk for both
+    config = ImportanceConfig(n_samples=300, chunk_entries=10 ** 9, seed=3)  # one sub-chunk for both
     methods = ("mean", "median", "multiple")
     expected = impute(flat, data, rows, cols, methods, config)
     got = impute(without_full_forward(miwae, monkeypatch), data, rows, cols, methods, config)
@@ -97,12 +97,14 @@ def test_the_miwae_log_likelihood_is_the_flat_models_less_its_constant_log_ps(mo
 
 
 def test_the_miwae_sizes_its_sub_chunks_by_the_entries_it_computes(monkeypatch):
-    """config.chunk_entries bounds the decoder outputs of one sub-chunk: rows x features for the not-MIWAE,
-    observed plus target entries (and each row's z) for the MIWAE, which therefore takes more samples."""
+    """config.chunk_entries bounds the values one sub-chunk computes: rows x (features + the decoder's widest
+    hidden layer) for the not-MIWAE, observed plus target entries (and each row's z and hidden layer) for the
+    MIWAE, which therefore takes more samples."""
     data = ratings()
     batch = as_rows(data).batch(np.arange(12))
     rows, cols = np.repeat(np.arange(12), 4), np.tile([0, 5, 17, 29], 12)
-    config = ImportanceConfig(n_samples=300, chunk_entries=12 * FEATURES * 10)
+    width = models("gaussian")[0].decoder.hidden_width
+    config = ImportanceConfig(n_samples=300, chunk_entries=12 * (FEATURES + width) * 10)
     sizes = {}
     for name, model in zip(("miwae", "notmiwae"), models("gaussian")):
         sizes[name] = []
@@ -112,8 +114,20 @@ def test_the_miwae_sizes_its_sub_chunks_by_the_entries_it_computes(monkeypatch):
         impute(model, data, rows, cols, config=config)
     assert sum(sizes["miwae"]) == sum(sizes["notmiwae"]) == 300
     assert max(sizes["notmiwae"]) == 10
-    per_sample = batch.obs_row.numel() + rows.size + 12 * 4  # and each row's z, of latent size 4
+    per_sample = batch.obs_row.numel() + rows.size + 12 * 4 + 12 * width  # and each row's z, of latent size 4
     assert max(sizes["miwae"]) == config.chunk_entries // per_sample > 10
+
+
+def test_a_sub_chunk_counts_the_decoders_widest_hidden_layer_per_row(monkeypatch):
+    """With a dense trunk, each row's widest hidden layer counts among the values of a sample, beside its
+    features: with few features it holds most of them (the paper's UCI decoder: 128 units, 4 to 30 features)."""
+    model = build_model(ModelConfig(n_features=FEATURES, latent_dim=4, embedding_dim=6, code_dim=8,
+                                    decoder_hidden=(90, 60), missing="itemwise", missing_factor="integrated"))
+    assert model.decoder.hidden_width == 90
+    sizes, sample = [], model.sample
+    monkeypatch.setattr(model, "sample", lambda b, k, targets=None: sizes.append(k) or sample(b, k, targets))
+    impute(model, ratings(), config=ImportanceConfig(n_samples=25, chunk_entries=12 * (FEATURES + 90) * 10))
+    assert sizes == [10, 10, 5]
 
 
 def test_without_chunk_entries_a_sub_chunk_takes_the_default_of_the_rows_device(monkeypatch):
@@ -121,7 +135,7 @@ def test_without_chunk_entries_a_sub_chunk_takes_the_default_of_the_rows_device(
     here), for imputation and log-likelihood alike."""
     data = ratings()
     _, model = models("gaussian")
-    monkeypatch.setitem(importance.DEFAULT_CHUNK_ENTRIES, "cpu", 12 * FEATURES * 7)
+    monkeypatch.setitem(importance.DEFAULT_CHUNK_ENTRIES, "cpu", 12 * (FEATURES + model.decoder.hidden_width) * 7)
     config = ImportanceConfig(n_samples=30)
     for method, run in (("sample", lambda: impute(model, data, np.array([0, 3]), np.array([5, 17]), config=config)),
                         ("exact_terms", lambda: log_likelihood(model, data, config))):
