@@ -267,8 +267,10 @@ def _spec(model: NotMIWAE) -> _Spec:
             return tuple(entry for part in module for entry in layers(part))
         if isinstance(module, nn.Linear):
             return (_Linear(name_of[id(module.weight)], name_of[id(module.bias)]),)
-        if isinstance(module, (nn.Tanh, nn.ReLU)):
-            return ("tanh",) if isinstance(module, nn.Tanh) else ("relu",)
+        if isinstance(module, nn.Tanh):  # the package's Tanh too
+            return ("tanh",)
+        if isinstance(module, nn.ReLU):
+            return ("relu",)
         return ()  # nn.Identity: nothing
 
     encoder, decoder, missing = model.encoder, model.decoder, model.missing_model
