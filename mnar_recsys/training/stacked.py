@@ -297,12 +297,13 @@ def _mlp(params: dict[str, torch.Tensor], layers: tuple[_Linear | str, ...], x: 
 
 
 def _stacked_bound(params: dict[str, torch.Tensor], values: torch.Tensor, mask: torch.Tensor, eps: torch.Tensor,
-                   x_noise: torch.Tensor | None, slope: torch.Tensor | None, intercept: torch.Tensor | None, *,
-                   spec: _Spec, traceable: bool) -> torch.Tensor:
+                   x_noise: torch.Tensor | None, *, spec: _Spec, affine: "_FeatureAffine | None",
+                   traceable: bool) -> torch.Tensor:
     """L_K per run and row, (R, B), from the stacked parameters: zero-filled rows `values` (R, B, p), their
     `mask`, eps (R, B, K, d), for a sampled missing factor the x_m draws' noise (R, B, K, p), and for an affine
-    missing model its (slope, intercept), (R, 1, 1, p or 1) each. `traceable` integrates x_m out by autograd
-    through the quadrature, which torch.compile fuses; otherwise by the hand-written kernel."""
+    missing model the model as `affine`, whose (slope, intercept) the pass maps over the runs' parameters.
+    `traceable` integrates x_m out by autograd through the quadrature, which torch.compile fuses; otherwise by
+    the hand-written kernel."""
     mean, logvar = _mlp(params, spec.encoder, values).chunk(2, dim=-1)
     std = torch.exp(0.5 * logvar.clamp(LOGVAR_MIN, LOGVAR_MAX))
     z = mean[:, :, None] + std[:, :, None] * eps
@@ -324,6 +325,7 @@ def _stacked_bound(params: dict[str, torch.Tensor], values: torch.Tensor, mask: 
         logits = _linear(params, spec.missing_linear, completed.reshape(runs, -1, n_features))
         log_ps = bernoulli_log_prob(logits.view(runs, n_rows, n_samples, n_features), mask[:, :, None])
         return importance_weighted_bound(log_px + log_ps + log_pz - log_qz)
+    slope, intercept = _slope_intercept(params, affine, values.shape[-1], values.device)
     observed = (mask * F.logsigmoid(slope[:, 0] * values + intercept[:, 0])).sum(-1, keepdim=True)
     keep, sd = (1 - mask)[:, :, None], slope.abs() * scale
     if traceable:
@@ -332,6 +334,18 @@ def _stacked_bound(params: dict[str, torch.Tensor], values: torch.Tensor, mask: 
     else:
         unobserved = masked_log_expected_sigmoid_sum(loc, slope, intercept, sd, keep, None, len(spec.nodes))
     return importance_weighted_bound(log_px + (observed + unobserved) + log_pz - log_qz)
+
+
+def _slope_intercept(params: dict[str, torch.Tensor], affine: "_FeatureAffine", n_features: int,
+                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each run's missing-model (slope, intercept) per feature, (R, 1, 1, p) or (R, 1, 1, 1) each, from the
+    model's own `feature_affine` mapped over the stacked parameters (inside the compiled graph, where it is)."""
+    prefix = "missing_model."
+    missing = {"model." + name[len(prefix):]: p for name, p in params.items() if name.startswith(prefix)}
+    features = torch.arange(n_features, device=device)
+    slope, intercept = vmap(lambda p: functional_call(affine, p, (features,)))(missing)
+    runs = slope.shape[0]
+    return slope.reshape(runs, 1, 1, -1), intercept.reshape(runs, 1, 1, -1)
 
 
 #: the training step's bound and its backward, one compiled graph per architecture and shape
@@ -362,39 +376,24 @@ class _StackedModel:
         self.spec = _spec(self.template)
         self.sampled_features = self.template.n_features if self.spec.missing == "sampled" else 0
         self.affine = _FeatureAffine(self.template.missing_model) if self.spec.missing == "affine" else None
-        self.missing_prefix = "missing_model."
-
-    def _slope_intercept(self, n_features: int,
-                         device: torch.device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """Each run's missing-model (slope, intercept) per feature, (R, 1, 1, p) or (R, 1, 1, 1) each, from the
-        model's own `feature_affine` mapped over the stacked parameters; (None, None) without an affine one."""
-        if self.affine is None:
-            return None, None
-        params = {"model." + name[len(self.missing_prefix):]: p for name, p in self.stacked.items()
-                  if name.startswith(self.missing_prefix)}
-        features = torch.arange(n_features, device=device)
-        slope, intercept = vmap(lambda p: functional_call(self.affine, p, (features,)))(params)
-        return slope.reshape(self.runs, 1, 1, -1), intercept.reshape(self.runs, 1, 1, -1)
 
     def bound(self, values: torch.Tensor, mask: torch.Tensor, eps: torch.Tensor,
               x_noise: torch.Tensor | None = None) -> torch.Tensor:
         """L_K per run and row, (R, B), for zero-filled rows `values` (R, B, p), their `mask`, eps (R, B, K, d) and,
         for a sampled missing factor, the x_m draws' noise (R, B, K, p)."""
-        slope, intercept = self._slope_intercept(values.shape[-1], values.device)
-        return _stacked_bound(self.stacked, values, mask, eps, x_noise, slope, intercept, spec=self.spec,
+        return _stacked_bound(self.stacked, values, mask, eps, x_noise, spec=self.spec, affine=self.affine,
                               traceable=False)
 
     def training_bound(self, values: torch.Tensor, mask: torch.Tensor, eps: torch.Tensor,
                        x_noise: torch.Tensor | None = None) -> torch.Tensor:
         """`bound` for a training step: on a CPU, where the job compiles (`models.integrated.compiled`), one
         compiled graph with its backward, which spares the step most of its operators' dispatch."""
-        slope, intercept = self._slope_intercept(values.shape[-1], values.device)
         if values.device.type == "cpu":
-            out = _compiled_bound(self.stacked, values, mask, eps, x_noise, slope, intercept, spec=self.spec,
+            out = _compiled_bound(self.stacked, values, mask, eps, x_noise, spec=self.spec, affine=self.affine,
                                   traceable=True)
             if out is not None:
                 return out
-        return _stacked_bound(self.stacked, values, mask, eps, x_noise, slope, intercept, spec=self.spec,
+        return _stacked_bound(self.stacked, values, mask, eps, x_noise, spec=self.spec, affine=self.affine,
                               traceable=False)
 
     @torch.no_grad()
