@@ -286,8 +286,8 @@ def _spec(model: NotMIWAE) -> _Spec:
 
 
 def _linear(params: dict[str, torch.Tensor], layer: _Linear, x: torch.Tensor) -> torch.Tensor:
-    """A dense layer for every run at once: x (R, n, in) -> (R, n, out)."""
-    return torch.baddbmm(params[layer.bias][:, None], x, params[layer.weight].transpose(1, 2))
+    """A dense layer for every run at once: x (R, n, in) -> (R, n, out), its weight held as (R, in, out)."""
+    return torch.baddbmm(params[layer.bias][:, None], x, params[layer.weight])
 
 
 def _mlp(params: dict[str, torch.Tensor], layers: tuple[_Linear | str, ...], x: torch.Tensor) -> torch.Tensor:
@@ -363,17 +363,27 @@ class _FeatureAffine(nn.Module):
         return self.model.feature_affine(features)
 
 
+def _dense_weights(spec: _Spec) -> set[str]:
+    """The names of the spec's dense-layer weights."""
+    layers = (*spec.encoder, *spec.trunk, spec.mean_head, spec.var_head, spec.missing_linear)
+    return {layer.weight for layer in layers if isinstance(layer, _Linear)}
+
+
 class _StackedModel:
-    """The bound of R models of one architecture from their stacked parameters (R, ...)."""
+    """The bound of R models of one architecture from their stacked parameters (R, ...). Dense weights are
+    held transposed, (R, in, out): the layout their gradient comes in, which spares the backward a transposing
+    copy of each (Adam's update is elementwise, so the layout does not change it)."""
 
     def __init__(self, models: list[NotMIWAE]):
         self.template = models[0]
         self.runs = len(models)
         self.latent_dim = self.template.latent_dim
-        stacked, _ = stack_module_state(models)  # fresh leaves, detached from the models
-        self.stacked = stacked
-        self.parameters = list(stacked.values())
         self.spec = _spec(self.template)
+        self.transposed = _dense_weights(self.spec)
+        stacked, _ = stack_module_state(models)  # fresh leaves, detached from the models
+        self.stacked = {name: p.detach().transpose(1, 2).contiguous().requires_grad_() if name in self.transposed
+                        else p for name, p in stacked.items()}
+        self.parameters = list(self.stacked.values())
         self.sampled_features = self.template.n_features if self.spec.missing == "sampled" else 0
         self.affine = _FeatureAffine(self.template.missing_model) if self.spec.missing == "affine" else None
 
@@ -433,4 +443,4 @@ class _StackedModel:
         for run, model in enumerate(models):
             source = best if kept[run] else self.stacked
             for name, p in model.named_parameters():
-                p.copy_(source[name][run])
+                p.copy_(source[name][run].T if name in self.transposed else source[name][run])
