@@ -1,8 +1,8 @@
 """The dense layers' activations by name, tanh written as 2 sigmoid(2x) - 1 where that is faster.
 
-PyTorch's CPU tanh is MKL's vector tanh in a build with MKL: on an Intel CPU about as fast as a copy (0.4 ns
-an element on one thread), on others MKL's generic path, 3 to 5 ns; a compiled kernel of the sigmoid form
-takes 0.7 to 0.8 (docs/performance.md), equal to tanh within 2e-7. An importance pass of the UCI protocol
+PyTorch's CPU tanh (MKL's vector tanh in a build with MKL) took 0.4 ns an element on one thread of an Intel
+Xeon, about a copy's time, and 3 to 5 ns on an AMD EPYC; a compiled kernel of the sigmoid form takes 0.7 to
+0.8 on both (docs/performance.md), equal to tanh within 2e-7. An importance pass of the UCI protocol
 spent 40% of its time in tanh, so where no gradient is taken on the CPU (`Compiled` decides when to compile)
 and torch's tanh is not the fast one, the layer runs that kernel; training keeps torch's tanh, and the
 stacked fit has the sigmoid form in its own graph.
@@ -30,7 +30,7 @@ _compiled_tanh = Compiled(tanh_from_sigmoid)
 
 @functools.cache
 def torch_tanh_is_fast() -> bool:
-    """Whether torch's CPU tanh is MKL's on an Intel CPU, faster than the compiled sigmoid form."""
+    """Whether torch's CPU tanh is MKL's on an Intel CPU, where it was faster than the compiled sigmoid form."""
     if not torch.backends.mkl.is_available():
         return False
     try:
