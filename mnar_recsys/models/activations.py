@@ -1,7 +1,7 @@
 """The dense layers' activations by name, tanh written as 2 sigmoid(2x) - 1 where that is faster.
 
 PyTorch's CPU tanh (MKL's vector tanh in a build with MKL) took 0.4 ns an element on one thread of an Intel
-Xeon, about a copy's time, and 3 to 5 ns on an AMD EPYC; a compiled kernel of the sigmoid form takes 0.7 to
+Xeon, about a copy's time, and 3 to 5 ns on an earlier machine; a compiled kernel of the sigmoid form takes 0.7 to
 0.8 on both (docs/performance.md), equal to tanh within 2e-7. An importance pass of the UCI protocol
 spent 40% of its time in tanh, so where no gradient is taken on the CPU (`Compiled` decides when to compile)
 and torch's tanh is not the fast one, the layer runs that kernel; training keeps torch's tanh, and the
