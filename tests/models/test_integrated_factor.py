@@ -18,7 +18,11 @@ from mnar_recsys.models.integrated.categorical import (
     log_expected_sigmoid_categorical,
     masked_log_expected_sigmoid_categorical_sum,
 )
-from mnar_recsys.models.integrated.gaussian_affine import log_expected_sigmoid, masked_log_expected_sigmoid_sum
+from mnar_recsys.models.integrated.gaussian_affine import (
+    log_expected_sigmoid,
+    log_expected_sigmoid_composed,
+    masked_log_expected_sigmoid_sum,
+)
 
 
 def self_masking_model(decoder: str, n_features: int = 6, slopes: tuple[float, float] = (-1.5, 1.5),
@@ -80,6 +84,23 @@ def test_gaussian_kernel_in_row_blocks_is_the_plain_node_sum_in_value_and_gradie
     for a, b in zip(torch.autograd.grad(kernel.sum(), (mean, sd)), torch.autograd.grad(reference.sum(), (mean, sd))):
         torch.testing.assert_close(a, b)
 
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_the_composed_quadrature_is_the_plain_node_sum_in_value_and_gradient(compiled):
+    """The stacked step's quadrature (a sum of elementwise terms, for torch.compile to fuse), compiled or not,
+    gives log Σ_h ω_h σ(-(m + sd t_h)) and its gradient, in float64, with sd broadcast per feature."""
+    generator = torch.Generator().manual_seed(1)
+    mean = torch.randn(5, 3, 4, generator=generator, dtype=torch.float64).requires_grad_()
+    sd = (0.2 + torch.rand(1, 1, 4, generator=generator, dtype=torch.float64)).requires_grad_()
+    nodes, weights = gauss_hermite(8)
+    t, w = torch.tensor(nodes, dtype=torch.float64), torch.tensor(weights, dtype=torch.float64)
+    reference = torch.logsumexp(w.log() + F.logsigmoid(-(mean[..., None] + sd[..., None] * t)), -1)
+    composed = torch.compile(log_expected_sigmoid_composed) if compiled else log_expected_sigmoid_composed
+    value = composed(mean, sd, nodes, weights)
+    torch.testing.assert_close(value, reference)
+    for a, b in zip(torch.autograd.grad(value.sum(), (mean, sd)), torch.autograd.grad(reference.sum(), (mean, sd))):
+        torch.testing.assert_close(a, b)
 
 def test_gaussian_kernel_is_finite_where_factored_exponentials_would_overflow():
     """Where e^m underflows to 0 and e^{sd t} overflows to inf in float32 (m = -110, sd t up to 124) their

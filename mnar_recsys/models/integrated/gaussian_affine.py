@@ -155,10 +155,11 @@ def log_expected_sigmoid(mean: torch.Tensor, sd: torch.Tensor, n_points: int = 8
 
 def log_expected_sigmoid_composed(mean: torch.Tensor, sd: torch.Tensor, nodes: tuple[float, ...],
                                   weights: tuple[float, ...]) -> torch.Tensor:
-    """`log_expected_sigmoid` by the rule (nodes, weights) written as plain tensor operations, one (..., H)
-    tensor, for autograd and torch.compile (which fuses it) inside a larger compiled graph."""
-    t, w = mean.new_tensor(nodes), mean.new_tensor(weights)
-    total = (torch.sigmoid(-(mean[..., None] + sd[..., None] * t)) * w).sum(-1)
+    """`log_expected_sigmoid` by the rule (nodes, weights) written as plain tensor operations, for autograd and
+    torch.compile (which fuses them) inside a larger compiled graph. The nodes are a sum of H elementwise terms,
+    not a trailing (..., H) axis: inductor vectorises along the entries then, where a length-H inner axis
+    compiles to scalar code."""
+    total = sum(w * torch.sigmoid(-(mean + sd * t)) for t, w in zip(nodes, weights))
     return total.clamp_min(torch.finfo(mean.dtype).tiny).log()
 
 
