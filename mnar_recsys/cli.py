@@ -7,6 +7,7 @@ import importlib
 import sys
 
 from mnar_recsys.allocator import keep_freed_memory
+from mnar_recsys.denormals import flush_denormals
 from mnar_recsys.training.trainer import TrainingDiverged
 
 # each module defines register(subparsers) which adds a parser whose `run` default takes the args
@@ -25,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     keep_freed_memory()
+    flush_denormals()  # before torch starts its threads: they inherit it (mnar_recsys.denormals)
     try:
         return int(args.run(args) or 0)
     except (ValueError, OSError, TrainingDiverged) as error:  # OSError: files and folders, named in its message

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import torch
 
 from mnar_recsys.allocator import keep_freed_memory
+from mnar_recsys.denormals import flush_denormals
 
 Task = TypeVar("Task", bound=tuple)
 WORKER_THREADS = 1  # torch threads in each worker process
@@ -73,5 +74,6 @@ def threads_per_run(jobs: int) -> int:
 
 
 def _start_worker() -> None:
+    flush_denormals()  # before torch starts its threads: they inherit it
     torch.set_num_threads(WORKER_THREADS)
     keep_freed_memory()

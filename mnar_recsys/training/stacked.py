@@ -29,6 +29,7 @@ from torch.func import functional_call, stack_module_state, vmap
 from tqdm.auto import tqdm
 
 from mnar_recsys.data.rows import RowSource
+from mnar_recsys.denormals import denormals_flushed
 from mnar_recsys.devices import cpu_normal, resolve_device
 from mnar_recsys.models.activations import tanh_from_sigmoid
 from mnar_recsys.models.bound import importance_weighted_bound
@@ -173,7 +174,7 @@ def fit_stacked(models: list[NotMIWAE], data: "np.ndarray | sp.spmatrix | RowSou
     bar = tqdm(range(1, config.iterations + 1), disable=not any(c.progress for c in configs), desc="training (stacked)",
                mininterval=0.5)
     # a short fit runs the quadrature kernels eagerly, as `fit` does (models.integrated.compiled)
-    with compiled.job(config.iterations):
+    with compiled.job(config.iterations), denormals_flushed():
         for iteration in bar:
             batch = np.stack([training[next(order)] for (_, training, _), order in zip(splits, orders)])
             index = torch.from_numpy(batch).to(device)

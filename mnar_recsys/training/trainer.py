@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from mnar_recsys.checks import check_positive_finite, check_positive_integer
 from mnar_recsys.data.rows import RowSource
+from mnar_recsys.denormals import denormals_flushed
 from mnar_recsys.devices import resolve_device
 from mnar_recsys.models.integrated import compiled
 from mnar_recsys.models.notmiwae import NotMIWAE, prepare_rows
@@ -123,7 +124,7 @@ def fit(model: NotMIWAE, data: "np.ndarray | sp.spmatrix | RowSource", config: T
                mininterval=0.5)
     batches = _batches(training.size, config.batch_size, np.random.default_rng(_row_seed(config.seed, _BATCHES)))
     # a short fit runs the quadrature kernels eagerly, sparing torch.compile's build (models.integrated.compiled)
-    with compiled.job(config.iterations):
+    with compiled.job(config.iterations), denormals_flushed():
         for iteration in bar:
             batch = training[next(batches)]
             optimiser.zero_grad(set_to_none=True)  # not the model's: that walks its module tree every step
