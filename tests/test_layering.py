@@ -12,7 +12,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # the package root holds only its version, so it sits with the shared modules at the bottom
 LAYERS = (
-    ("mnar_recsys", "mnar_recsys.checks", "mnar_recsys.devices", "mnar_recsys.allocator", "mnar_recsys.io"),
+    ("mnar_recsys", "mnar_recsys.checks", "mnar_recsys.devices", "mnar_recsys.allocator", "mnar_recsys.denormals",
+     "mnar_recsys.io"),
     ("mnar_recsys.data",),
     ("mnar_recsys.models",),
     ("mnar_recsys.training",),
