@@ -48,7 +48,8 @@ def test_training_steps_flush_denormals(not_flushing, monkeypatch, stacking):
     else:
         step = trainer._step
         monkeypatch.setattr(trainer, "_step", lambda *args: seen.append(flushing()) or step(*args))
-    rows = np.where(np.random.default_rng(0).random((40, 3)) < 0.3, np.nan, np.random.default_rng(1).normal(size=(40, 3)))
+    rng = np.random.default_rng(0)
+    rows = np.where(rng.random((40, 3)) < 0.3, np.nan, rng.normal(size=(40, 3)))
     config = TrainConfig(iterations=3, batch_size=8, n_samples=2, progress=False, validation_fraction=0.0)
     model_config = ModelConfig(n_features=3, latent_dim=2, activation="tanh", encoder="mlp", encoder_hidden=(8,),
                                decoder_hidden=(8,), squash=None, variance="per_row", missing="self-masking")

@@ -85,7 +85,6 @@ def test_gaussian_kernel_in_row_blocks_is_the_plain_node_sum_in_value_and_gradie
         torch.testing.assert_close(a, b)
 
 
-
 @pytest.mark.parametrize("compiled", [True, False])
 def test_the_composed_quadrature_is_the_plain_node_sum_in_value_and_gradient(compiled):
     """The stacked step's quadrature (a sum of elementwise terms, for torch.compile to fuse), compiled or not,
@@ -101,6 +100,7 @@ def test_the_composed_quadrature_is_the_plain_node_sum_in_value_and_gradient(com
     torch.testing.assert_close(value, reference)
     for a, b in zip(torch.autograd.grad(value.sum(), (mean, sd)), torch.autograd.grad(reference.sum(), (mean, sd))):
         torch.testing.assert_close(a, b)
+
 
 def test_gaussian_kernel_is_finite_where_factored_exponentials_would_overflow():
     """Where e^m underflows to 0 and e^{sd t} overflows to inf in float32 (m = -110, sd t up to 124) their
