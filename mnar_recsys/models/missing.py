@@ -30,9 +30,9 @@ def _logit(p: np.ndarray, like: torch.Tensor) -> torch.Tensor:
     return torch.tensor(np.log(p / (1 - p)), dtype=torch.float32, device=like.device)
 
 
-def bernoulli_log_prob(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Σ_j log Bern(s_j | sigmoid(logit_j)) over the last axis."""
-    return -F.binary_cross_entropy_with_logits(logits, mask.expand_as(logits), reduction="none").sum(-1)
+def bernoulli_log_prob(logits: torch.Tensor, mask: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Σ_j log Bern(s_j | sigmoid(logit_j)) over the features' axis `dim` (the last by default)."""
+    return -F.binary_cross_entropy_with_logits(logits, mask.expand_as(logits), reduction="none").sum(dim)
 
 
 class MissingModel(nn.Module):
