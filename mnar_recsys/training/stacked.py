@@ -314,8 +314,7 @@ def _stacked_bound(params: dict[str, torch.Tensor], values: torch.Tensor, mask: 
 
     The decoder's outputs are laid out (R, p, K, B), features first and rows last: the per-entry passes (the
     Gaussian and the quadrature) then run along the rows, a full vector, rather than along p features (4 for
-    Banknote, a quarter of one AVX-512 vector). The two heads are one product, which takes MKL about as long
-    as one of them."""
+    Banknote, a quarter of one AVX-512 vector). The mean and variance heads are one product."""
     mean, logvar = _mlp(params, spec.encoder, values).chunk(2, dim=-1)
     std = torch.exp(0.5 * logvar.clamp(LOGVAR_MIN, LOGVAR_MAX))
     eps = eps.transpose(1, 2)  # (R, K, B, d): the decoder's rows sample-major
