@@ -42,8 +42,8 @@ def test_training_steps_flush_denormals(not_flushing, monkeypatch, stacking):
     """Every step of `fit` and `fit_stacked` runs with denormals flushed; the thread's setting is back after."""
     seen = []
     if stacking:
-        step = stacked._StackedModel.training_bound
-        monkeypatch.setattr(stacked._StackedModel, "training_bound",
+        step = stacked._StackedModel.step
+        monkeypatch.setattr(stacked._StackedModel, "step",
                             lambda self, *args: seen.append(flushing()) or step(self, *args))
     else:
         step = trainer._step

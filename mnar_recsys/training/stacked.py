@@ -1,7 +1,9 @@
 """Many fits in one: R runs of one (not-)MIWAE architecture trained as one vectorised model.
 
-The runs' parameters are stacked along a leading axis (`torch.func.stack_module_state`), every dense layer is
-one batched product for all runs, and one fused Adam step updates them all. Each run keeps what `fit` gives it:
+The runs' parameters are stacked along a leading axis (`torch.func.stack_module_state`) and held in one flat
+tensor, every dense layer is one batched product for all runs, and a training step is one function of them:
+the gradient by `torch.func.grad` and Adam's update, which torch.compile builds as one graph where the job
+compiles, with no autograd engine or optimiser call of its own around it. Each run keeps what `fit` gives it:
 its split and batch order (numpy streams 0 and 1 of its seed), its noise (torch seeded by `step_seed` before
 each draw, as `fit` seeds it), its held-out selection and its history, so that its parameters equal its single
 fit's up to float rounding. The stacked pass replaces the models' forward: what it supports is spelt out here.
@@ -17,6 +19,7 @@ configuration adds its pass to `_StackedModel` and its case to `unsupported_reas
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import fields
 from typing import NamedTuple
 
@@ -31,7 +34,7 @@ from tqdm.auto import tqdm
 from mnar_recsys.data.rows import RowSource
 from mnar_recsys.denormals import denormals_flushed
 from mnar_recsys.devices import cpu_normal, resolve_device
-from mnar_recsys.models.activations import tanh_from_sigmoid
+from mnar_recsys.models.activations import tanh_rational
 from mnar_recsys.models.bound import importance_weighted_bound
 from mnar_recsys.models.decoders import GaussianDecoder, gaussian_log_prob, sd_from_raw, squashed
 from mnar_recsys.models.encoders import LOGVAR_MAX, LOGVAR_MIN, MLPEncoder
@@ -61,6 +64,8 @@ _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 PER_RUN_FIELDS = ("seed", "log_every", "progress")
 _ACTIVATIONS = (nn.Tanh, nn.ReLU)
 _VALIDATION_ROWS = 4096  # held-out rows per stacked pass: bounds the (R, rows, K, width) activations
+#: torch.optim.Adam's defaults, those of `fit`'s optimiser
+_ADAM_BETAS, _ADAM_EPS = (0.9, 0.999), 1e-8
 
 
 class UnsupportedStack(ValueError):
@@ -163,7 +168,6 @@ def fit_stacked(models: list[NotMIWAE], data: "np.ndarray | sp.spmatrix | RowSou
     stack = _StackedModel(models)
     everything = rows.batch(np.arange(rows.n_rows)).to(device)
     values, mask = everything.values, everything.mask
-    optimiser = torch.optim.Adam(stack.parameters, lr=config.lr, fused=True)
     histories = [History() for _ in models]
     best_values = [-float("inf")] * len(models)
     best = None
@@ -181,13 +185,9 @@ def fit_stacked(models: list[NotMIWAE], data: "np.ndarray | sp.spmatrix | RowSou
             noise = _noise(configs, iteration, 0,
                            [shard.size for shard in distributed.shards_of(batch[0], n_shards)], config.n_samples,
                            stack.latent_dim, device, n_features=stack.sampled_features)
-            optimiser.zero_grad(set_to_none=True)
-            bound = stack.training_bound(values[index], mask[index], *noise)  # (R, B)
-            sums = bound.sum(-1)
-            (-sums.sum() / batch.shape[1]).backward()
-            step_values = (sums.detach().double() / batch.shape[1]).tolist()  # the one host synchronisation a step
+            sums = stack.step(index, values, mask, *noise, _adam_schedule(iteration, config.lr, device))  # (R,)
+            step_values = (sums.double() / batch.shape[1]).tolist()  # the one host synchronisation a step
             _check_finite(step_values, configs, iteration)
-            optimiser.step()
             running = step_values if running is None else [0.98 * r + 0.02 * v for r, v in zip(running, step_values)]
             for history, run_config, value in zip(histories, configs, running):
                 if iteration % run_config.log_every == 0 or iteration == config.iterations:
@@ -291,9 +291,10 @@ def _linear(params: dict[str, torch.Tensor], layer: _Linear, x: torch.Tensor) ->
     return torch.baddbmm(params[layer.bias][:, None], x, params[layer.weight])
 
 
-def _mlp(params: dict[str, torch.Tensor], layers: tuple[_Linear | str, ...], x: torch.Tensor) -> torch.Tensor:
+def _mlp(params: dict[str, torch.Tensor], layers: tuple[_Linear | str, ...], x: torch.Tensor,
+         tanh: Callable[[torch.Tensor], torch.Tensor] = torch.tanh) -> torch.Tensor:
     for layer in layers:
-        x = tanh_from_sigmoid(x) if layer == "tanh" else F.relu(x) if layer == "relu" else _linear(params, layer, x)
+        x = tanh(x) if layer == "tanh" else F.relu(x) if layer == "relu" else _linear(params, layer, x)
     return x
 
 
@@ -305,24 +306,25 @@ def _features_first(weight: torch.Tensor, bias: torch.Tensor, x: torch.Tensor) -
 
 def _stacked_bound(params: dict[str, torch.Tensor], values: torch.Tensor, mask: torch.Tensor, eps: torch.Tensor,
                    x_noise: torch.Tensor | None, *, spec: _Spec, affine: "_FeatureAffine | None",
-                   traceable: bool) -> torch.Tensor:
+                   compiled: bool) -> torch.Tensor:
     """L_K per run and row, (R, B), from the stacked parameters: zero-filled rows `values` (R, B, p), their
     `mask`, eps (R, B, K, d), for a sampled missing factor the x_m draws' noise (R, B, K, p), and for an affine
     missing model the model as `affine`, whose (slope, intercept) the pass maps over the runs' parameters.
-    `traceable` integrates x_m out by autograd through the quadrature, which torch.compile fuses; otherwise by
-    the hand-written kernel.
+    `compiled` is for a pass that torch.compile traces: x_m integrated out by autograd through the quadrature,
+    which it fuses, and tanh as `tanh_rational`; otherwise the hand-written quadrature kernel and torch.tanh.
 
     The decoder's outputs are laid out (R, p, K, B), features first and rows last: the per-entry passes (the
     Gaussian and the quadrature) then run along the rows, a full vector, rather than along p features (4 for
     Banknote, a quarter of one AVX-512 vector). The mean and variance heads are one product."""
-    mean, logvar = _mlp(params, spec.encoder, values).chunk(2, dim=-1)
+    tanh = tanh_rational if compiled else torch.tanh
+    mean, logvar = _mlp(params, spec.encoder, values, tanh).chunk(2, dim=-1)
     std = torch.exp(0.5 * logvar.clamp(LOGVAR_MIN, LOGVAR_MAX))
     eps = eps.transpose(1, 2)  # (R, K, B, d): the decoder's rows sample-major
     z = mean[:, None] + std[:, None] * eps
     log_qz = -(0.5 * eps ** 2 + torch.log(std)[:, None] + _HALF_LOG_2PI).sum(-1)  # (R, K, B)
     log_pz = -(0.5 * z ** 2 + _HALF_LOG_2PI).sum(-1)
     runs, n_samples, n_rows = z.shape[:3]
-    h = _mlp(params, spec.trunk, z.reshape(runs, n_samples * n_rows, -1))
+    h = _mlp(params, spec.trunk, z.reshape(runs, n_samples * n_rows, -1), tanh)
     if spec.var_head is not None:
         mean_head, var_head = spec.mean_head, spec.var_head
         heads = _features_first(torch.cat([params[mean_head.weight], params[var_head.weight]], -1),
@@ -344,7 +346,7 @@ def _stacked_bound(params: dict[str, torch.Tensor], values: torch.Tensor, mask: 
         slope, intercept = _slope_intercept(params, affine, values.shape[-1], values.device)  # (R, p, 1, 1)
         keep, sd = 1 - observed_mask, slope.abs() * scale
         observed = (observed_mask * F.logsigmoid(slope * x + intercept)).sum(1)  # (R, 1, B)
-        if traceable:
+        if compiled:
             log_missing = log_expected_sigmoid_composed(slope * loc + intercept, sd, spec.nodes, spec.weights)
             unobserved = (keep * log_missing).sum(1)
         else:  # the kernel sums over the last axis
@@ -368,8 +370,54 @@ def _slope_intercept(params: dict[str, torch.Tensor], affine: "_FeatureAffine", 
     return slope.reshape(runs, -1, 1, 1), intercept.reshape(runs, -1, 1, 1)
 
 
-#: the training step's bound and its backward, one compiled graph per architecture and shape
-_compiled_bound = compiled.Compiled(_stacked_bound, differentiable=True, dynamic=False)
+def _unflatten(flat: torch.Tensor, layout: tuple[tuple[str, tuple[int, ...]], ...]) -> dict[str, torch.Tensor]:
+    """The stacked parameters by name, as views of the flat tensor that holds them in `layout`'s order."""
+    parts = flat.split([math.prod(shape) for _, shape in layout])
+    return {name: part.view(shape) for (name, shape), part in zip(layout, parts)}
+
+
+def _adam_schedule(iteration: int, lr: float, device: torch.device) -> torch.Tensor:
+    """Adam's step size and the square root of its second bias correction at step `iteration`, as one tensor:
+    the compiled step reads them as data (as constants it would be rebuilt for each step, and computed inside its
+    loops it would take two powers per vector of parameters)."""
+    beta1, beta2 = _ADAM_BETAS
+    schedule = torch.tensor([lr / (1 - beta1 ** iteration), math.sqrt(1 - beta2 ** iteration)])
+    return schedule if device.type == "cpu" else schedule.to(device, non_blocking=True)
+
+
+def _train_step(flat: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, index: torch.Tensor,
+                values: torch.Tensor, mask: torch.Tensor, eps: torch.Tensor, x_noise: torch.Tensor | None,
+                schedule: torch.Tensor, *, layout: tuple[tuple[str, tuple[int, ...]], ...], spec: _Spec,
+                affine: "_FeatureAffine | None", compiled: bool) -> torch.Tensor:
+    """One step of every run: the gradient of -(each run's mean bound over its batch rows `values[index[r]]`)
+    with respect to the flat parameters, then Adam's update of them and of its moments in place, the update of
+    `fit`'s Adam (default betas and eps; `schedule` from `_adam_schedule`). Each run's sum of its rows' bounds,
+    (R,), is returned. `compiled`: for torch.compile to trace (`_stacked_bound`)."""
+    batch_size = index.shape[1]
+
+    def loss(parameters: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        bound = _stacked_bound(_unflatten(parameters, layout), values[index], mask[index], eps, x_noise, spec=spec,
+                               affine=affine, compiled=compiled)
+        sums = bound.sum(-1)
+        return -sums.sum() / batch_size, sums.detach()
+
+    if compiled:  # torch.compile traces torch.func's gradient into the step's graph; the autograd engine it cannot
+        grad, sums = torch.func.grad(loss, has_aux=True)(flat)
+    else:  # autograd, through the hand-written quadrature kernel, whose backward torch.func cannot transform
+        with torch.enable_grad():
+            parameters = flat.detach().requires_grad_()
+            value, sums = loss(parameters)
+            (grad,) = torch.autograd.grad(value, parameters)
+    beta1, beta2 = _ADAM_BETAS
+    step_size, bias_correction2_sqrt = schedule
+    exp_avg.lerp_(grad, 1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    flat.sub_(step_size * exp_avg / (exp_avg_sq.sqrt() / bias_correction2_sqrt + _ADAM_EPS))
+    return sums
+
+
+#: the training step, one compiled graph per architecture and shape
+_compiled_step = compiled.Compiled(_train_step, dynamic=False)
 
 
 class _FeatureAffine(nn.Module):
@@ -390,9 +438,10 @@ def _dense_weights(spec: _Spec) -> set[str]:
 
 
 class _StackedModel:
-    """The bound of R models of one architecture from their stacked parameters (R, ...). Dense weights are
-    held transposed, (R, in, out): the layout their gradient comes in, which spares the backward a transposing
-    copy of each (Adam's update is elementwise, so the layout does not change it)."""
+    """R models of one architecture as their stacked parameters (R, ...), held in one flat tensor with Adam's
+    moments beside it: the bound, and the training step. Dense weights are held transposed, (R, in, out): the
+    layout their gradient comes in, which spares the backward a transposing copy of each (Adam's update is
+    elementwise, so the layout does not change it)."""
 
     def __init__(self, models: list[NotMIWAE]):
         self.template = models[0]
@@ -400,10 +449,13 @@ class _StackedModel:
         self.latent_dim = self.template.latent_dim
         self.spec = _spec(self.template)
         self.transposed = _dense_weights(self.spec)
-        stacked, _ = stack_module_state(models)  # fresh leaves, detached from the models
-        self.stacked = {name: p.detach().transpose(1, 2).contiguous().requires_grad_() if name in self.transposed
-                        else p for name, p in stacked.items()}
-        self.parameters = list(self.stacked.values())
+        stacked, _ = stack_module_state(models)
+        parts = {name: p.detach().transpose(1, 2) if name in self.transposed else p.detach()
+                 for name, p in stacked.items()}
+        self.layout = tuple((name, tuple(p.shape)) for name, p in parts.items())
+        self.flat = torch.cat([p.reshape(-1) for p in parts.values()])
+        self.stacked = _unflatten(self.flat, self.layout)
+        self.exp_avg, self.exp_avg_sq = torch.zeros_like(self.flat), torch.zeros_like(self.flat)
         self.sampled_features = self.template.n_features if self.spec.missing == "sampled" else 0
         self.affine = _FeatureAffine(self.template.missing_model) if self.spec.missing == "affine" else None
 
@@ -412,19 +464,20 @@ class _StackedModel:
         """L_K per run and row, (R, B), for zero-filled rows `values` (R, B, p), their `mask`, eps (R, B, K, d) and,
         for a sampled missing factor, the x_m draws' noise (R, B, K, p)."""
         return _stacked_bound(self.stacked, values, mask, eps, x_noise, spec=self.spec, affine=self.affine,
-                              traceable=False)
+                              compiled=False)
 
-    def training_bound(self, values: torch.Tensor, mask: torch.Tensor, eps: torch.Tensor,
-                       x_noise: torch.Tensor | None = None) -> torch.Tensor:
-        """`bound` for a training step: on a CPU, where the job compiles (`models.integrated.compiled`), one
-        compiled graph with its backward, which spares the step most of its operators' dispatch."""
+    def step(self, index: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, eps: torch.Tensor,
+             x_noise: torch.Tensor | None, schedule: torch.Tensor) -> torch.Tensor:
+        """A training step on run r's rows `values[index[r]]` (`_train_step`): on a CPU, where the job compiles
+        (`models.integrated.compiled`), one compiled graph; each run's sum of its rows' bounds, (R,)."""
+        tensors = (self.flat, self.exp_avg, self.exp_avg_sq, index, values, mask, eps, x_noise, schedule)
+        constants = dict(layout=self.layout, spec=self.spec, affine=self.affine)
         if values.device.type == "cpu":
-            out = _compiled_bound(self.stacked, values, mask, eps, x_noise, spec=self.spec, affine=self.affine,
-                                  traceable=True)
-            if out is not None:
-                return out
-        return _stacked_bound(self.stacked, values, mask, eps, x_noise, spec=self.spec, affine=self.affine,
-                              traceable=False)
+            sums = _compiled_step(*tensors, **constants, compiled=True)
+            if sums is not None:
+                return sums
+        with torch.no_grad():
+            return _train_step(*tensors, **constants, compiled=False)
 
     @torch.no_grad()
     def mean_bound(self, values: torch.Tensor, mask: torch.Tensor, index: np.ndarray, configs: list[TrainConfig],

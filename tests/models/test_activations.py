@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from mnar_recsys.models import activations
-from mnar_recsys.models.activations import Tanh
+from mnar_recsys.models.activations import Tanh, tanh_rational
 
 
 @pytest.mark.parametrize("torch_fast", [False, True])
@@ -51,3 +51,24 @@ def test_eager_and_compiled_agree(monkeypatch, mode):
     x = torch.randn(4, 7, 9) * 3
     with torch.no_grad():
         torch.testing.assert_close(Tanh()(x), torch.tanh(x), atol=2.5e-7, rtol=0)
+
+
+def test_the_rational_tanh_is_within_its_stated_error_and_its_gradient_is_one_minus_its_square():
+    x = torch.cat([torch.linspace(-12, 12, 200_001), torch.tensor([0.0, 1e-30, -1e-30, 9.0, -9.0, 40.0])])
+    y = tanh_rational(x)
+    assert (y.double() - torch.tanh(x.double())).abs().max() < 5e-7
+    assert torch.equal(tanh_rational(-x), -y)
+    assert tanh_rational(torch.tensor([1e-30])).item() == pytest.approx(1e-30, rel=1e-6)
+    leaf = x.clone().requires_grad_()
+    (grad,) = torch.autograd.grad(tanh_rational(leaf).sum(), leaf)
+    torch.testing.assert_close(grad, 1 - y * y)
+    assert (grad.double() - (1 - torch.tanh(x.double()) ** 2)).abs().max() < 1e-6
+
+
+def test_the_rational_tanh_has_its_gradient_under_torch_func_and_torch_compile():
+    x = torch.linspace(-5, 5, 1001)
+    expected = torch.func.grad(lambda t: torch.tanh(t).square().sum())(x)
+    traced = torch.compile(torch.func.grad(lambda t: tanh_rational(t).square().sum()), dynamic=False)
+    torch.testing.assert_close(traced(x), expected, atol=2e-6, rtol=0)
+    torch.testing.assert_close(torch.func.grad(lambda t: tanh_rational(t).square().sum())(x), expected, atol=2e-6,
+                               rtol=0)

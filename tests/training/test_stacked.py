@@ -80,8 +80,8 @@ def test_each_stacked_run_is_its_single_fit(rows, decoder, missing, validation_f
 @pytest.mark.parametrize("missing", [pytest.param("mcar", marks=pytest.mark.slow), "self-masking",
                                      pytest.param("agnostic", marks=pytest.mark.slow)])
 def test_the_compiled_stacked_step_gives_each_run_its_single_fit(rows, monkeypatch, missing):
-    """Where a job compiles (long fits; forced here), the stacked bound and its backward run as one compiled
-    graph, its quadrature through autograd rather than the hand-written kernel: the same fits, to rounding."""
+    """Where a job compiles (long fits; forced here), the stacked step (gradient and Adam's update) runs as one
+    compiled graph, with tanh as a rational function: the same fits, to rounding."""
     configs = [train_config(seed) for seed in SEEDS]
     factor = "sampled" if missing == "agnostic" else "integrated"
     single = models(uci_config("gaussian", missing, missing_factor=factor))
@@ -89,13 +89,13 @@ def test_the_compiled_stacked_step_gives_each_run_its_single_fit(rows, monkeypat
         fit(model, rows, config)
     stacked = models(uci_config("gaussian", missing, missing_factor=factor))
     monkeypatch.setenv("MNAR_RECSYS_COMPILE", "1")
-    eager_calls = []
-    eager = stacked_module._stacked_bound
-    monkeypatch.setattr(stacked_module, "_stacked_bound",
-                        lambda *args, **kwargs: eager_calls.append(1) or eager(*args, **kwargs))
+    eager_steps = []
+    eager = stacked_module._train_step
+    monkeypatch.setattr(stacked_module, "_train_step",
+                        lambda *args, **kwargs: eager_steps.append(1) or eager(*args, **kwargs))
     fit_stacked(stacked, rows, configs)
-    assert stacked_module._compiled_bound.compiled is not None and not stacked_module._compiled_bound.eager
-    assert not eager_calls  # no held-out rows here: every step ran the compiled graph
+    assert stacked_module._compiled_step.compiled is not None and not stacked_module._compiled_step.eager
+    assert not eager_steps  # every step ran the compiled graph
     assert_same_fit(single, stacked)
 
 
