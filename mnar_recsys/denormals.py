@@ -1,7 +1,7 @@
 """Denormal floats flushed to zero on the CPU while a model trains.
 
 A training step makes denormal floats (magnitudes below 1.2e-38) where a sigmoid saturates: in the backward of
-the tanh layer's sigmoid form and of the missing term's quadrature. One denormal operand slows each
+the missing term's quadrature, and of tanh where it is computed through a sigmoid. One denormal operand slows each
 multiply-add of a matrix product that reads it by a microcode assist, so a few of them in a layer's gradient
 slow its backward products several times over. Flushing them to zero changes no value above 1.2e-38.
 

@@ -56,8 +56,8 @@ def test_eager_and_compiled_agree(monkeypatch, mode):
 def test_the_rational_tanh_is_within_its_stated_error_and_its_gradient_is_one_minus_its_square():
     x = torch.cat([torch.linspace(-12, 12, 200_001), torch.tensor([0.0, 1e-30, -1e-30, 9.0, -9.0, 40.0])])
     y = tanh_rational(x)
-    assert (y.double() - torch.tanh(x.double())).abs().max() < 5e-7
-    assert torch.equal(tanh_rational(-x), -y)
+    assert (y.double() - torch.tanh(x.double())).abs().max() < 4.2e-7
+    assert torch.equal(tanh_rational(-x), -y) and y.abs().max() <= 1
     assert tanh_rational(torch.tensor([1e-30])).item() == pytest.approx(1e-30, rel=1e-6)
     leaf = x.clone().requires_grad_()
     (grad,) = torch.autograd.grad(tanh_rational(leaf).sum(), leaf)
