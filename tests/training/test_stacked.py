@@ -99,6 +99,21 @@ def test_the_compiled_stacked_step_gives_each_run_its_single_fit(rows, monkeypat
     assert_same_fit(single, stacked)
 
 
+@pytest.mark.slow  # two compiled graphs to build
+def test_compiled_steps_of_two_architectures_in_one_process_keep_to_their_own_graphs(rows, monkeypatch):
+    """After its first step a fit skips dynamo's checks but those that tell compiled graphs apart: fits of two
+    architectures, one after the other and back, each still run their own graph and give their single fits."""
+    monkeypatch.setenv("MNAR_RECSYS_COMPILE", "1")
+    configs = [train_config(seed, iterations=100) for seed in SEEDS]
+    for missing in ("self-masking", "mcar", "self-masking"):
+        single = models(uci_config("gaussian", missing))
+        for model, config in zip(single, configs):
+            fit(model, rows, config)
+        stacked = models(uci_config("gaussian", missing))
+        fit_stacked(stacked, rows, configs)
+        assert_same_fit(single, stacked)
+
+
 @pytest.mark.slow  # the shared variance's compiled quadrature kernel takes a while to build
 def test_the_ppca_like_decoder_stacks_too(rows):
     configs = [train_config(seed) for seed in SEEDS]
