@@ -1,12 +1,12 @@
-"""The dense layers' activations by name, tanh written as 2 sigmoid(2x) - 1 where that is faster.
+"""The dense layers' activations by name, tanh as a rational function in compiled passes.
 
 PyTorch's CPU tanh (MKL's vector tanh in a build with MKL) took 0.4 ns an element on one thread of an Intel
-Xeon, about a copy's time, and 3 to 5 ns on an earlier machine; a compiled kernel of the sigmoid form takes 0.7 to
-0.8 on both (docs/performance.md), equal to tanh within 2e-7. An importance pass of the UCI protocol
-spent 40% of its time in tanh, so where no gradient is taken on the CPU (`Compiled` decides when to compile)
-and torch's tanh is not the fast one, the layer runs that kernel; training keeps torch's tanh. The stacked
-fit's compiled step has a rational tanh (`tanh_rational`): multiply-adds and one division, and a backward that
-reads the output rather than recomputing the forward.
+Xeon, about a copy's time, and 3 to 5 ns on AMD machines, where a compiled kernel of the rational tanh
+(`tanh_rational`: multiply-adds and one division, no exponential) takes about 0.8, and 2 sigmoid(2x) - 1 about
+1.2 (docs/performance.md). An importance pass of the UCI protocol spent 40% of its time in tanh, so where no
+gradient is taken on the CPU (`Compiled` decides when to compile) and torch's tanh is not the fast one, the layer
+runs that kernel; `fit` keeps torch's tanh. The stacked fit's compiled step has the rational tanh too, with a
+backward that reads the output rather than recomputing the forward.
 """
 
 from __future__ import annotations
@@ -19,18 +19,9 @@ from torch import nn
 
 from mnar_recsys.models.integrated.compiled import Compiled
 
-
-def tanh_from_sigmoid(x: torch.Tensor) -> torch.Tensor:
-    """tanh(x) = 2 sigmoid(2x) - 1, which a compiled CPU kernel computes several times faster than MKL's generic
-    tanh."""
-    return torch.sigmoid(x * 2) * 2 - 1
-
-
-_compiled_tanh = Compiled(tanh_from_sigmoid)
-
 #: tanh(x) ~ x P(x^2) / Q(x^2) on |x| <= 9 (clamped beyond, where float32's tanh is 1 to within 6e-8): a rational
 #: least-squares fit to tanh on [0, 9], reweighted towards the minimax error (Lawson), whose error is 2e-8 in
-#: exact arithmetic and 4.2e-7 evaluated in float32 (the sigmoid form's is 1.8e-7, torch's 3e-8)
+#: exact arithmetic and 4.2e-7 evaluated in float32 (2 sigmoid(2x) - 1's is 1.8e-7, torch's 3e-8)
 _TANH_CLAMP = 9.0
 _TANH_NUMERATOR = (0.9999999063345363, 0.13373178465387925, 0.0034865595314154526, 2.047148401766426e-05,
                    1.3183789004944657e-08)
@@ -64,17 +55,18 @@ class _RationalTanh(torch.autograd.Function):
 
 def tanh_rational(x: torch.Tensor) -> torch.Tensor:
     """tanh by a rational function, within 4.2e-7 of it in float32, its derivative taken as 1 - tanh^2 of the
-    output: for compiled graphs, where its dozen vector multiply-adds and one division beat the exponential of the
-    sigmoid form, and its backward needs no exponential at all. Eagerly each of those is a pass over memory: use
-    torch.tanh there. A graph compiled for fixed shapes holds its coefficients as constants; one compiled for
-    dynamic shapes (the layer's kernel) reads them at every vector of entries, and was slower there than the
-    sigmoid form."""
+    output: for compiled graphs, where its dozen vector multiply-adds and one division beat an exponential, and
+    its backward needs none. Eagerly each of those is a pass over memory: use torch.tanh there."""
     return _RationalTanh.apply(x)
+
+
+_compiled_tanh = Compiled(tanh_rational)
 
 
 @functools.cache
 def torch_tanh_is_fast() -> bool:
-    """Whether torch's CPU tanh is MKL's on an Intel CPU, where it was faster than the compiled sigmoid form."""
+    """Whether torch's CPU tanh is MKL's on an Intel CPU, where it beat a compiled kernel (2 sigmoid(2x) - 1;
+    the rational one was not measured there)."""
     if not torch.backends.mkl.is_available():
         return False
     try:
@@ -84,7 +76,7 @@ def torch_tanh_is_fast() -> bool:
 
 
 class Tanh(nn.Tanh):
-    """nn.Tanh, by the compiled sigmoid form in passes without gradients on the CPU where torch's tanh is slow."""
+    """nn.Tanh, by the compiled rational tanh in passes without gradients on the CPU where torch's tanh is slow."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         needs_grad = torch.is_grad_enabled() and x.requires_grad

@@ -75,6 +75,19 @@ def test_a_kernel_in_a_short_job_runs_eagerly_without_building_or_warning(monkey
     assert torch.equal(value, torch.ones(2)) and len(spy_compile) == 1
 
 
+def test_float_constants_are_built_into_the_kernel(monkeypatch):
+    """A float constant is part of the compiled code (a new value builds a new kernel), not an input read at run
+    time: the quadrature's nodes and weights ran 1.6 to 1.9 times slower as inputs."""
+    monkeypatch.setenv(compiled.COMPILE_VARIABLE, "1")
+    kernel = compiled.Compiled(lambda x, *, scale: (x * scale,))
+    x = torch.arange(4.0)
+    torch._dynamo.utils.counters.clear()
+    for scale in (2.5, 2.5, 3.5):
+        (value,) = kernel(x, scale=scale)
+        assert torch.equal(value, x * scale)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
+
+
 @pytest.mark.parametrize("mode, iterations, expected", [("auto", 3, False), ("1", 3, True),
                                                         ("auto", compiled.SHORT_JOB_STEPS, True)])
 def test_fit_declares_its_length(monkeypatch, mode, iterations, expected):

@@ -81,6 +81,9 @@ class Compiled:
     few times slower than the node loop; a process that fits several models (ranks, feature counts, shapes
     with a dimension of 1, grad or not) can need more, so the limit is raised for these calls. The function
     itself is compiled rather than a partial of it, which would share that limit with every other partial.
+    Float constants (the quadrature's nodes and weights) are specialised on: with dynamic shapes dynamo would
+    otherwise pass them to the kernel as doubles, converted at every vector of entries, which took the fused
+    quadrature 1.6 to 1.9 times as long (docs/performance.md).
     Calls run without autograd, which the callers do by hand, unless `differentiable`, where torch.compile
     builds the backward pass too; `dynamic=False` specialises on the shapes (a fit's, which do not change).
     A call returns None where the caller is to run eagerly: where `compiling` says so, and from the call on
@@ -102,7 +105,7 @@ class Compiled:
             self.compiled = torch.compile(self.function, dynamic=self.dynamic)
         try:
             with (nullcontext() if self.differentiable else torch.no_grad()), \
-                    torch._dynamo.config.patch(recompile_limit=_RECOMPILE_LIMIT):
+                    torch._dynamo.config.patch(recompile_limit=_RECOMPILE_LIMIT, specialize_float=True):
                 return self.compiled(*tensors, **constants)
         except torch._dynamo.exc.BackendCompilerFailed as error:
             warnings.warn(f"torch.compile could not build {self.function.__name__} ({str(error).splitlines()[0]}); "
