@@ -478,7 +478,7 @@ class _StackedModel:
         if values.device.type == "cpu":
             # every step of a fit passes the same tensors, or new ones of the same shapes, and the same constants:
             # once the first step has picked (or built) the compiled graph, the later ones skip dynamo's checks of
-            # them, all but those that tell its graphs apart (0.1 to 0.3 ms of a 4 ms step at Banknote's shape)
+            # them, all but those that tell its graphs apart (a few per cent of a step: docs/performance.md)
             with torch.compiler.set_stance(skip_guard_eval_unsafe=True) if self.stepped else nullcontext():
                 sums = _compiled_step(*tensors, **constants, compiled=True)
             if sums is not None:
