@@ -13,7 +13,7 @@ decoder with a dense trunk (the 'gaussian' and the PPCA-like 'linear' decoders, 
 the MCAR missing model (the MIWAE), a per-feature missing model with an affine logit ('self-masking',
 'self-masking-known', 'itemwise') and x_m integrated out, or the agnostic model with x_m drawn; no row
 offset, no subsampled missing term; dense layers with tanh or ReLU between them; one process. A new
-configuration adds its pass to `_StackedModel` and its case to `unsupported_reason`.
+configuration adds its pass to `_stacked_bound` and its case to `unsupported_reason`.
 """
 
 from __future__ import annotations
