@@ -33,10 +33,9 @@ from mnar_recsys.training.seeds import seeded
 
 METHODS = ("mean", "median", "multiple")
 SAMPLED_IMPUTATIONS = ("decoder-mean", "draws")
-# entries of one (rows x samples x features) sub-chunk by device type: a CPU pass runs fastest on blocks
-# that stay in its caches (smaller ones were 2 to 2.5 times slower); on a GPU such a block is little work
-# for each of its kernel launches, so a GPU gets blocks 8 times larger
-DEFAULT_CHUNK_ENTRIES = {"cpu": 2 ** 21, "cuda": 2 ** 24}
+# entries of one (rows x samples x features) sub-chunk by device type: each sub-chunk pays a few hundred
+# operators' fixed cost, so larger ones are faster on either (docs/performance.md), up to what memory allows
+DEFAULT_CHUNK_ENTRIES = {"cpu": 2 ** 23, "cuda": 2 ** 24}
 
 
 @dataclass
