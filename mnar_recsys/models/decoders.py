@@ -124,10 +124,13 @@ class ObservationModel(nn.Module):
 
     @property
     def hidden_width(self) -> int:
-        """The widest hidden layer of the decoder's dense `trunk` (0 without one): computed for each sample, it
-        sizes the blocks of an importance pass as the outputs do, and outgrows them where features are few."""
+        """The widest hidden layer of the decoder's dense `trunk`, or of a custom mean net that says it (0
+        otherwise): computed for each sample, it sizes the blocks of an importance pass as the outputs do, and
+        outgrows them where features are few or a conv net's maps are many."""
         trunk = getattr(self, "trunk", None)
-        return max((m.out_features for m in trunk.modules() if isinstance(m, nn.Linear)), default=0) if trunk else 0
+        if trunk is None:  # no dense trunk: a custom mean net (the conv decoder's) may give its own widest map
+            return getattr(getattr(self, "mean_net", None), "hidden_width", 0)
+        return max((m.out_features for m in trunk.modules() if isinstance(m, nn.Linear)), default=0)
 
     @property
     def has_cdf(self) -> bool:
@@ -449,6 +452,12 @@ class ConvMeanNet(nn.Module):
         for n_in, n_out in zip(channels, (*channels[1:], 1)):
             layers += [nn.ReLU(), nn.ConvTranspose2d(n_in, n_out, 4, stride=2, padding=1)]
         self.body = nn.Sequential(*layers)
+
+    @property
+    def hidden_width(self) -> int:
+        """Values of its widest feature map per sample, 16 times the pixels with the paper's channels: it sizes
+        an importance pass's blocks (`ObservationModel.hidden_width`)."""
+        return max(c * (self.start * 2 ** i) ** 2 for i, c in enumerate(self.channels))
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         lead = z.shape[:-1]

@@ -144,3 +144,24 @@ def test_without_chunk_entries_a_sub_chunk_takes_the_default_of_the_rows_device(
             patch.setattr(model, method, lambda b, k, **rest: sizes.append(k) or original(b, k, **rest))
             run()
         assert sizes == [7, 7, 7, 7, 2], method
+
+
+def test_a_conv_decoders_widest_feature_map_bounds_its_sub_chunks():
+    """The conv decoder's feature maps (16 times the pixels with the paper's channels) count as its hidden width,
+    so that no tensor of its forward pass holds more than chunk_entries values in an importance pass."""
+    model = build_model(ModelConfig(n_features=16 * 16, latent_dim=4, encoder="conv", decoder="conv-gaussian",
+                                    conv_channels=(8, 16, 32), activation="relu", squash=(0.0, 1.0),
+                                    missing="self-masking", missing_factor="sampled"))
+    largest = []
+    for layer in model.decoder.mean_net.modules():
+        if isinstance(layer, (torch.nn.Linear, torch.nn.ConvTranspose2d)):
+            layer.register_forward_hook(lambda module, args, out: largest.append(out.numel()))
+    widest = max(32 * 2 ** 2, 16 * 4 ** 2, 8 * 8 ** 2)  # the decoder's channels mirror the encoder's
+    assert model.decoder.hidden_width == widest
+    rng = np.random.default_rng(0)
+    images = rng.random((6, 256)).astype(np.float32)
+    images[images > 0.7] = np.nan
+    config = ImportanceConfig(n_samples=40, row_chunk=6, chunk_entries=6 * (256 + widest) * 5)
+    impute(model, images, config=config)
+    assert max(largest) <= config.chunk_entries
+    assert max(largest) == 6 * 5 * widest  # five samples a sub-chunk, the widest map filled
